@@ -1,0 +1,24 @@
+"""specheads: lossless speculative decoding for any transformers causal LM."""
+
+from specheads.inference import (
+    DraftModelDrafter,
+    GenerationOutput,
+    NoDrafter,
+    PromptLookupDrafter,
+    SpecDecoder,
+    TreeError,
+)
+from specheads.metrics import SpecStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DraftModelDrafter",
+    "GenerationOutput",
+    "NoDrafter",
+    "PromptLookupDrafter",
+    "SpecDecoder",
+    "SpecStats",
+    "TreeError",
+    "__version__",
+]

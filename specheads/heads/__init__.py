@@ -1,0 +1,1 @@
+"""Draft heads (Medusa, EAGLE): arriving with issue 4 and later."""

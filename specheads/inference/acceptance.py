@@ -1,0 +1,250 @@
+"""Acceptance rules: which drafted tokens of a verified tree to keep, and which token the base adds after them.
+
+Every rule is a pure function with the same signature over one row of the batch::
+
+    rule(p_logits, tokens, tree, q, sampling, generator, options) -> AcceptResult
+
+* ``p_logits [N + 1, V]``: the target (base) logits at each tree node; row i predicts the child of node i.
+* ``tokens [N + 1]``: the token of each node (``tokens[0]`` is the root, already committed).
+* ``q [N, V] | None``: the draft distribution each node's token was drawn from (row i - 1 for node i); None when the
+  drafter proposes deterministically (top-k heads, prompt lookup), which counts as a one-hot proposal.
+
+Only ``greedy`` and ``rejection`` are lossless; ``typical``, ``threshold`` and ``alpha`` trade quality for speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specheads.inference.sampling import SamplingParams, probabilities, sample, warp_logits
+from specheads.inference.trees import TreeBuffers
+
+
+@dataclass(frozen=True)
+class AcceptanceOptions:
+    """Parameters of the lossy rules (keyword arguments of ``SpecDecoder.generate``)."""
+
+    posterior_threshold: float = 0.09  # typical: epsilon
+    posterior_alpha: float = 0.3  # typical: delta
+    acceptance_threshold: float = 0.1  # threshold
+    alpha: float = 0.9  # alpha
+
+
+@dataclass
+class AcceptResult:
+    """Outcome of one verification.
+
+    Attributes:
+        path: accepted node indices from the root's child downwards (the root itself excluded).
+        next_token: the token the base contributes after the accepted path (bonus or correction).
+    """
+
+    path: list[int]
+    next_token: int
+
+
+AcceptanceRule = Callable[
+    [
+        torch.Tensor,
+        torch.Tensor,
+        TreeBuffers,
+        "torch.Tensor | None",
+        SamplingParams,
+        "torch.Generator | None",
+        AcceptanceOptions,
+    ],
+    AcceptResult,
+]
+
+
+def greedy(
+    p_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    tree: TreeBuffers,
+    q: torch.Tensor | None,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+    options: AcceptanceOptions,
+) -> AcceptResult:
+    """Accept the longest path whose every token is the base's argmax at its parent (lossless at temperature 0).
+
+    This is exact-match verification as in Medusa's greedy mode and transformers' assisted generation.
+    """
+    target = p_logits.argmax(dim=-1).tolist()
+    node_tokens = tokens.tolist()
+    node, path = 0, []
+    while True:
+        wanted = target[node]
+        child = next((c for c in tree.children[node] if node_tokens[c] == wanted), None)
+        if child is None:
+            return AcceptResult(path, wanted)
+        path.append(child)
+        node = child
+
+
+def rejection(
+    p_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    tree: TreeBuffers,
+    q: torch.Tensor | None,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+    options: AcceptanceOptions,
+) -> AcceptResult:
+    """Lossless speculative sampling over a tree (recursive multi-candidate rejection sampling).
+
+    At each node the children are tried in order: child x drawn from q is accepted with probability
+    ``min(1, p'(x) / q(x))``; on rejection the target becomes the residual ``p' = norm(max(p' - q, 0))``
+    (Leviathan et al. 2023, arXiv 2211.17192; Chen et al. 2023, arXiv 2302.01318; SpecInfer, arXiv 2305.09781).
+    A deterministic child (``q is None``) is a one-hot proposal: accepted with probability ``p'(x)``, after which x
+    is removed from the residual. When no child is accepted, the next token is sampled from the residual; after a
+    leaf, from the target itself (the bonus token). The output distribution equals sampling from the base.
+    """
+    p = probabilities(p_logits, sampling)  # [N + 1, V]
+    node_tokens = tokens.tolist()
+    node, path = 0, []
+    while True:
+        residual = p[node]
+        accepted_child = None
+        for child in tree.children[node]:
+            x = node_tokens[child]
+            q_child = None if q is None else q[child - 1]
+            q_x = 1.0 if q_child is None else max(float(q_child[x]), 1e-20)
+            if float(torch.rand((), generator=generator, device=p.device)) < min(1.0, float(residual[x]) / q_x):
+                accepted_child = child
+                break
+            if q_child is None:
+                residual = residual.clone()
+                residual[x] = 0.0
+            else:
+                residual = (residual - q_child).clamp_min(0.0)
+            total = float(residual.sum())
+            # A residual of zero mass can only come from rounding (p == q); p itself is then the right fallback.
+            residual = residual / total if total > 0 else p[node]
+        if accepted_child is None:
+            return AcceptResult(path, int(sample(residual, generator)))
+        path.append(accepted_child)
+        node = accepted_child
+
+
+def typical(
+    p_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    tree: TreeBuffers,
+    q: torch.Tensor | None,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+    options: AcceptanceOptions,
+) -> AcceptResult:
+    """Medusa's typical acceptance (lossy): accept x if ``p(x) > min(epsilon, delta * exp(-H(p)))``.
+
+    Cai et al. 2024 (arXiv 2401.10774), section 2.3.1, with epsilon = ``posterior_threshold`` and delta =
+    ``posterior_alpha``. The longest path of accepted tokens wins; the next token is sampled from p restricted to the
+    tokens that pass the same criterion. At temperature 0 this is the greedy rule, as in Medusa.
+    """
+    if sampling.greedy:
+        return greedy(p_logits, tokens, tree, q, sampling, generator, options)
+    p = warp_logits(p_logits, sampling).softmax(dim=-1)  # [N + 1, V]
+    entropy = -(p * p.clamp_min(1e-20).log()).sum(dim=-1)  # [N + 1]
+    cutoff = torch.minimum(
+        torch.full_like(entropy, options.posterior_threshold), options.posterior_alpha * torch.exp(-entropy)
+    )  # [N + 1]
+    parents = torch.tensor(tree.parents[1:], dtype=torch.long, device=p_logits.device)
+    p_child = p[parents, tokens[1:]]  # [N] target probability of each node's token at its parent
+    path = _longest_path(p_child > cutoff[parents], tree)
+    last = path[-1] if path else 0
+    passing = p[last] > cutoff[last]
+    passing[p[last].argmax()] = True
+    restricted = torch.where(passing, p[last], torch.zeros_like(p[last]))
+    return AcceptResult(path, int(sample(restricted / restricted.sum(), generator)))
+
+
+def threshold(
+    p_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    tree: TreeBuffers,
+    q: torch.Tensor | None,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+    options: AcceptanceOptions,
+) -> AcceptResult:
+    """Accept a drafted token when the verifier gives it probability > ``acceptance_threshold`` (lossy).
+
+    The longest such path wins; the next token is the verifier's (sampled, or its argmax at temperature 0). At
+    temperature 0 the probabilities are the plain softmax of the logits.
+    """
+    p = _criterion_probs(p_logits, sampling)
+    parents = torch.tensor(tree.parents[1:], dtype=torch.long, device=p_logits.device)
+    path = _longest_path(p[parents, tokens[1:]] > options.acceptance_threshold, tree)
+    return AcceptResult(path, _verifier_token(p_logits, path, sampling, generator))
+
+
+def alpha(
+    p_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    tree: TreeBuffers,
+    q: torch.Tensor | None,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+    options: AcceptanceOptions,
+) -> AcceptResult:
+    """Accept a drafted token x when ``q(x) >= alpha * p(x)``, exactly as the design notes state it (lossy).
+
+    q is the draft's probability of its own token; for a deterministic drafter q(x) = 1, so every draft passes: the
+    rule only discriminates with a drafter that reports probabilities (the draft model). The next token is the
+    verifier's.
+    """
+    p = _criterion_probs(p_logits, sampling)
+    parents = torch.tensor(tree.parents[1:], dtype=torch.long, device=p_logits.device)
+    q_x = torch.ones(tree.num_nodes, device=p.device) if q is None else q[:, :].gather(1, tokens[1:, None])[:, 0]
+    path = _longest_path(q_x >= options.alpha * p[parents, tokens[1:]], tree)
+    return AcceptResult(path, _verifier_token(p_logits, path, sampling, generator))
+
+
+def _criterion_probs(p_logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    if sampling.greedy:
+        return p_logits.float().softmax(dim=-1)
+    return warp_logits(p_logits, sampling).softmax(dim=-1)
+
+
+def _verifier_token(
+    p_logits: torch.Tensor, path: list[int], sampling: SamplingParams, generator: torch.Generator | None
+) -> int:
+    last = path[-1] if path else 0
+    return int(sample(probabilities(p_logits[last], sampling), generator))
+
+
+def _longest_path(node_ok: torch.Tensor, tree: TreeBuffers) -> list[int]:
+    """The longest root-to-node path of nodes that all pass (``node_ok [N]`` for nodes 1..N); first wins ties."""
+    if tree.num_nodes == 0:
+        return []
+    ok = torch.cat([torch.ones(1, dtype=torch.bool), node_ok.bool().cpu()])  # [N + 1], root always passes
+    valid = tree.paths >= 0  # [P, D + 1]
+    passing = ok[tree.paths.clamp_min(0)] & valid
+    lengths = passing.long().cumprod(dim=1).sum(dim=1) - 1  # drafted nodes accepted along each path
+    best = int(lengths.argmax())
+    return tree.paths[best, 1 : 1 + int(lengths[best])].tolist()
+
+
+ACCEPTANCE_RULES: dict[str, AcceptanceRule] = {
+    "greedy": greedy,
+    "rejection": rejection,
+    "typical": typical,
+    "threshold": threshold,
+    "alpha": alpha,
+}
+LOSSLESS_RULES = frozenset({"greedy", "rejection"})
+
+
+def resolve_rule(name: str, sampling: SamplingParams) -> str:
+    """Resolve ``"auto"`` and check that the rule exists and fits the temperature."""
+    if name == "auto":
+        return "greedy" if sampling.greedy else "rejection"
+    if name not in ACCEPTANCE_RULES:
+        raise ValueError(f"unknown acceptance rule {name!r}; choose one of {['auto', *ACCEPTANCE_RULES]}")
+    if name == "greedy" and not sampling.greedy:
+        raise ValueError("acceptance='greedy' is exact only at temperature=0; use 'rejection' (lossless sampling)")
+    return name

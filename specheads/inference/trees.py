@@ -1,0 +1,205 @@
+"""Speculation trees: Medusa-style choice lists, chains and JSON files turned into tree buffers.
+
+A tree has a root (node 0: the last committed token, not yet in the base's cache) and N drafted nodes. Every node
+except the root has a parent with a smaller index, so nodes are in topological order. A Medusa choice list names
+each node by its path of top-k ranks from the root, e.g. ``[[0], [0, 0], [1]]``: node ``[0, 1]`` is the second
+candidate of head 1 under the first candidate of head 0 (Cai et al. 2024, arXiv 2401.10774).
+
+Everything here is a pure function of the topology; no model is involved.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+TREES_DIR = Path(__file__).resolve().parents[2] / "configs" / "trees"
+_CHAIN_RE = re.compile(r"^chain-(\d+)$")
+
+Choices = tuple[tuple[int, ...], ...]
+
+
+class TreeError(ValueError):
+    """A tree specification that cannot be used."""
+
+
+@dataclass(frozen=True, eq=False)
+class TreeBuffers:
+    """Static description of a speculation tree with ``N + 1`` nodes (node 0 is the root).
+
+    Attributes:
+        parents: ``parents[i]`` is the parent of node ``i``; ``parents[0] == -1``.
+        depths: ``[N + 1]`` depth of each node (root 0); position of node i = prefix length + depths[i].
+        attention_mask: ``[N + 1, N + 1]`` bool, True where node i may attend to node j (j is i or an ancestor).
+        children: children of each node, in index order (the order candidates are tried).
+        paths: ``[P, D + 1]`` node ids of every root-to-leaf path, padded with -1 (Medusa's retrieve indices).
+        ranks: ``ranks[i]`` is the top-k rank of node i among its head's candidates (-1 for the root).
+        choices: the Medusa choice paths of nodes 1..N.
+    """
+
+    parents: tuple[int, ...]
+    depths: torch.Tensor
+    attention_mask: torch.Tensor
+    children: tuple[tuple[int, ...], ...]
+    paths: torch.Tensor
+    ranks: tuple[int, ...]
+    choices: Choices
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of drafted nodes N (the root excluded)."""
+        return len(self.parents) - 1
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max()) if self.num_nodes else 0
+
+    @property
+    def is_chain(self) -> bool:
+        """True when every node's parent is the node before it (a plain causal mask suffices)."""
+        return all(parent == index - 1 for index, parent in enumerate(self.parents) if index > 0)
+
+    def truncated(self, max_depth: int) -> TreeBuffers:
+        """The sub-tree of nodes at depth <= ``max_depth`` (cached)."""
+        if max_depth >= self.max_depth:
+            return self
+        return tree_from_choices(tuple(c for c in self.choices if len(c) <= max_depth))
+
+
+def validate_choices(choices: Sequence[Sequence[int]]) -> Choices:
+    """Check a Medusa choice list and return it sorted by (depth, path).
+
+    Raises:
+        TreeError: when a path is empty, holds a negative or non-integer rank, is repeated, or its parent path is
+            missing.
+    """
+    if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence):
+        raise TreeError(f"a tree must be a list of paths like [[0], [0, 0], [1]], got {type(choices).__name__}")
+    paths: list[tuple[int, ...]] = []
+    for position, path in enumerate(choices):
+        if isinstance(path, (str, bytes)) or not isinstance(path, Sequence) or len(path) == 0:
+            raise TreeError(f"tree path #{position} must be a non-empty list of top-k ranks, got {path!r}")
+        for rank in path:
+            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+                raise TreeError(f"tree path #{position} {list(path)}: ranks must be non-negative integers")
+        paths.append(tuple(path))
+    if len(set(paths)) != len(paths):
+        duplicates = sorted({p for p in paths if paths.count(p) > 1})
+        raise TreeError(f"tree has repeated paths: {[list(p) for p in duplicates]}")
+    present = set(paths)
+    for path in paths:
+        if len(path) > 1 and path[:-1] not in present:
+            raise TreeError(f"tree path {list(path)} has no parent path {list(path[:-1])}")
+    return tuple(sorted(paths, key=lambda p: (len(p), p)))
+
+
+@lru_cache(maxsize=64)
+def tree_from_choices(choices: Choices) -> TreeBuffers:
+    """Build the tree buffers of a validated, sorted choice tuple (see :func:`validate_choices`)."""
+    index_of = {path: i + 1 for i, path in enumerate(choices)}
+    parents = (-1,) + tuple(index_of.get(path[:-1], 0) for path in choices)
+    ranks = (-1,) + tuple(path[-1] for path in choices)
+    return _buffers(parents, ranks, choices)
+
+
+def tree_from_parents(parents: Sequence[int]) -> TreeBuffers:
+    """Tree buffers for an arbitrary topology (dynamic trees); ``parents[0]`` must be -1."""
+    parents = tuple(int(p) for p in parents)
+    if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i > 0):
+        raise TreeError("parents must start with -1 and point to earlier nodes")
+    # Name each node by its path of sibling ranks so that truncation and golden tests work the same way.
+    paths: list[tuple[int, ...]] = [()]
+    sibling_count: dict[int, int] = {}
+    for parent in parents[1:]:
+        rank = sibling_count.get(parent, 0)
+        sibling_count[parent] = rank + 1
+        paths.append(paths[parent] + (rank,))
+    return _buffers(parents, (-1,) + tuple(p[-1] for p in paths[1:]), tuple(paths[1:]))
+
+
+def _buffers(parents: tuple[int, ...], ranks: tuple[int, ...], choices: Choices) -> TreeBuffers:
+    size = len(parents)
+    depths = [0] * size
+    mask = torch.zeros(size, size, dtype=torch.bool)
+    children: list[list[int]] = [[] for _ in range(size)]
+    for node in range(size):
+        mask[node, node] = True
+        parent = parents[node]
+        if parent >= 0:
+            depths[node] = depths[parent] + 1
+            mask[node] |= mask[parent]
+            children[parent].append(node)
+    leaves = [node for node in range(size) if not children[node]]
+    max_depth = max(depths)
+    paths = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long)
+    for row, leaf in enumerate(leaves):
+        chain = []
+        node = leaf
+        while node >= 0:
+            chain.append(node)
+            node = parents[node]
+        paths[row, : len(chain)] = torch.tensor(chain[::-1])
+    return TreeBuffers(
+        parents=parents,
+        depths=torch.tensor(depths, dtype=torch.long),
+        attention_mask=mask,
+        children=tuple(tuple(c) for c in children),
+        paths=paths,
+        ranks=ranks,
+        choices=choices,
+    )
+
+
+def chain_choices(length: int) -> Choices:
+    """The choice list of a chain of ``length`` drafted tokens: ``[[0], [0, 0], ...]``."""
+    return tuple((0,) * depth for depth in range(1, length + 1))
+
+
+def resolve_tree(spec: str | Path | Sequence[Sequence[int]]) -> TreeBuffers:
+    """Turn a user's ``tree=`` value into tree buffers.
+
+    Args:
+        spec: ``"chain-K"``; a name of a JSON file under ``configs/trees/`` (with or without ``.json``); a path to a
+            JSON file ``{"choices": [...]}``; or a Medusa choice list.
+
+    Raises:
+        TreeError: for an unknown name, an unreadable file or a malformed tree.
+    """
+    if isinstance(spec, (str, Path)):
+        text = str(spec)
+        match = _CHAIN_RE.match(text)
+        if match:
+            length = int(match.group(1))
+            if length < 1:
+                raise TreeError("chain-K needs K >= 1")
+            return tree_from_choices(chain_choices(length))
+        return tree_from_choices(validate_choices(_load_tree_file(text)))
+    return tree_from_choices(validate_choices(spec))
+
+
+def _load_tree_file(text: str) -> list:
+    # A bare name means a shipped tree; anything that looks like a path is a path (never both).
+    looks_like_path = text.endswith(".json") or "/" in text or "\\" in text
+    candidates = [Path(text)] if looks_like_path else [TREES_DIR / f"{text}.json"]
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        known = sorted(p.stem for p in TREES_DIR.glob("*.json")) if TREES_DIR.is_dir() else []
+        raise TreeError(f"unknown tree {text!r}: not 'chain-K', not a file, not one of {known}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise TreeError(f"cannot read tree file {path}: {error}") from error
+    if not isinstance(data, dict) or "choices" not in data:
+        raise TreeError(f"tree file {path} must hold an object with a 'choices' list")
+    return data["choices"]
+
+
+def available_trees() -> list[str]:
+    """Names of the tree files shipped under ``configs/trees/``."""
+    return sorted(p.stem for p in TREES_DIR.glob("*.json")) if TREES_DIR.is_dir() else []

@@ -1,0 +1,41 @@
+"""Loading base models, draft models and tokenizers by name, path or object."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specheads import assets
+
+
+def load_causal_lm(
+    model: str | Path | PreTrainedModel,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device | None = None,
+    role: str = "base",
+) -> PreTrainedModel:
+    """A causal LM in eval mode: an object is used as is, ``"default"`` is the embedded default base.
+
+    Args:
+        model: a ``PreTrainedModel``, a local folder, a hub id, or ``"default"`` / ``"default-draft"``.
+        dtype: ``"auto"`` (the checkpoint's dtype) or a torch dtype.
+        device: where to put the model (None: leave it where it is loaded).
+        role: ``"base"`` or ``"draft"``: which part of the embedded default ``"default"`` names.
+    """
+    if isinstance(model, PreTrainedModel):
+        loaded = model
+    else:
+        path = assets.resolve(str(model), role=role)
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if device is not None:
+        loaded = loaded.to(device)
+    return loaded.eval()
+
+
+def load_tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """A tokenizer from an object, a folder, a hub id or ``"default"``."""
+    if isinstance(tokenizer, PreTrainedTokenizerBase):
+        return tokenizer
+    return AutoTokenizer.from_pretrained(assets.resolve(str(tokenizer)))

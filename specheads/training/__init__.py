@@ -1,0 +1,1 @@
+"""Head training with Accelerate: arriving with issue 4."""

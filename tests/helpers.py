@@ -1,0 +1,167 @@
+"""Test helpers: tiny causal LMs of several architectures built in process, and stub drafters."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")
+
+
+def tiny_config(arch: str, vocab_size: int = 96, hidden: int = 32, layers: int = 2, max_positions: int = 256):
+    """A transformers config of a tiny model of the given architecture."""
+    common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    if arch == "gpt2":
+        return transformers.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, **common)
+    decoder = dict(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        **common,
+    )
+    if arch == "llama":
+        return transformers.LlamaConfig(**decoder)
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**decoder)
+    if arch == "mistral":
+        return transformers.MistralConfig(sliding_window=None, **decoder)
+    raise ValueError(arch)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, **config_kwargs) -> PreTrainedModel:
+    """A randomly initialised tiny model in eval mode; ``logit_scale`` sharpens its output distribution."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **config_kwargs)).eval()
+    if logit_scale != 1.0:
+        with torch.no_grad():
+            head = model.get_output_embeddings()
+            if head.weight is model.get_input_embeddings().weight:
+                model.config.tie_word_embeddings = False
+                head.weight = torch.nn.Parameter(head.weight.detach().clone())
+            head.weight.mul_(logit_scale)
+    # No EOS by default, so reference generations run to max_new_tokens; tests that need EOS pass it explicitly.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def greedy_reference(model: PreTrainedModel, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=None):
+    """transformers' own greedy output, the invariant every drafter must reproduce."""
+    return model.generate(
+        prompt,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=0,
+        attention_mask=torch.ones_like(prompt),
+    )
+
+
+class OracleTreeDrafter:
+    """A tree drafter for tests: one branch of a static tree carries the base's true greedy continuation.
+
+    At each depth a random rank is chosen to hold the correct token; every other node gets a wrong token. The
+    accepted path therefore wanders through the tree (non-contiguous cache slots) and stops where the tree ends.
+    With ``wrong_after`` the correct branch stops after that many depths (a forced rejection).
+    """
+
+    name = "oracle-tree"
+    hidden_state_layers: tuple[int, ...] = ()
+
+    def __init__(self, base: PreTrainedModel, tree, seed: int = 0, wrong_after: int | None = None) -> None:
+        self.base = base
+        self.tree = tree
+        self.generator = torch.Generator().manual_seed(seed)
+        self.wrong_after = wrong_after
+
+    def check_request(self, request) -> None:
+        return None
+
+    def reset(self, state) -> None:
+        return None
+
+    def accepted(self, state, num_accepted) -> None:
+        return None
+
+    def propose(self, state, request):
+        from specheads.inference.state import Proposal
+
+        tree = self.tree.truncated(request.max_depth)
+        if tree.num_nodes == 0:
+            return None
+        depth = tree.max_depth
+        sequence = state.sequence(0)[None]
+        truth = self.base.generate(
+            sequence, do_sample=False, max_new_tokens=depth, pad_token_id=0, attention_mask=torch.ones_like(sequence)
+        )[0, sequence.shape[1] :].tolist()
+        max_rank = max(tree.ranks)
+        chosen = torch.randint(0, max_rank + 1, (depth,), generator=self.generator).tolist()
+        vocab = self.base.get_output_embeddings().weight.shape[0]
+        tokens = []
+        for path in tree.choices:
+            d = len(path)
+            on_branch = all(path[i] == chosen[i] for i in range(d))
+            if self.wrong_after is not None and d > self.wrong_after:
+                on_branch = False
+            correct = truth[d - 1]
+            token = correct if on_branch else (correct + 1 + path[-1]) % vocab
+            tokens.append(token)
+        return Proposal(tokens=torch.tensor([tokens]), tree=tree, draft_probs=None)
+
+
+class RandomTreeDrafter:
+    """Deterministic (q = None) random candidates on a static tree, for the sampling invariant."""
+
+    name = "random-tree"
+    hidden_state_layers: tuple[int, ...] = ()
+
+    def __init__(self, tree, vocab_size: int, seed: int = 0) -> None:
+        self.tree = tree
+        self.vocab_size = vocab_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def check_request(self, request) -> None:
+        return None
+
+    def reset(self, state) -> None:
+        return None
+
+    def accepted(self, state, num_accepted) -> None:
+        return None
+
+    def propose(self, state, request):
+        from specheads.inference.state import Proposal
+
+        tree = self.tree.truncated(request.max_depth)
+        if tree.num_nodes == 0:
+            return None
+        tokens = torch.empty(tree.num_nodes, dtype=torch.long)
+        for node in range(tree.num_nodes + 1):  # siblings get distinct tokens
+            children = tree.children[node]
+            if children:
+                picks = torch.randperm(self.vocab_size, generator=self.generator)[: len(children)]
+                tokens[torch.tensor(children) - 1] = picks
+        return Proposal(tokens=tokens[None], tree=tree, draft_probs=None)
+
+
+def tiny_tokenizer(vocab_size: int = 96):
+    """A character-level fast tokenizer of exactly ``vocab_size`` tokens (0 = pad, 1 = EOS), built in process."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    characters = list(string.ascii_letters + string.digits + " .,:;()[]_=+-*/#'\"\n")
+    vocab = {"<pad>": 0, "<eos>": 1}
+    for character in characters[: vocab_size - 2]:
+        vocab[character] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"<extra_{len(vocab)}>"] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")

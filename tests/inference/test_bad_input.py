@@ -1,0 +1,88 @@
+"""Bad input: each is a clear error raised before any model compute, never a crash deeper down."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import tiny_model
+
+from specheads import SpecDecoder, TreeError
+from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
+
+PROMPT = torch.tensor([[5, 6, 7]])
+
+
+@pytest.fixture(scope="module")
+def decoder(llama) -> SpecDecoder:
+    return SpecDecoder(llama, DraftModelDrafter(llama, 3))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([], "empty"),
+        (torch.zeros(1, 0, dtype=torch.long), "empty"),
+        (torch.tensor([[1, 2], [3, 4]]), "batch size 2"),
+        ([5, 999], "token ids"),
+        ("a string", "tokenizer"),
+    ],
+)
+def test_bad_prompts(decoder: SpecDecoder, prompt, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        decoder.generate(prompt, max_new_tokens=4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
+        (dict(max_new_tokens=-3), ValueError, "max_new_tokens"),
+        (dict(temperature=-0.5), ValueError, "temperature"),
+        (dict(temperature=float("nan")), ValueError, "temperature"),
+        (dict(top_p=0.0), ValueError, "top_p"),
+        (dict(top_p=1.5), ValueError, "top_p"),
+        (dict(top_k=-1), ValueError, "top_k"),
+        (dict(acceptance="magic"), ValueError, "unknown acceptance rule"),
+        (dict(acceptance="greedy", temperature=0.7), ValueError, "rejection"),
+        (dict(tree=[[0], [0, 0, 0]]), TreeError, "no parent"),
+        (dict(tree=[[0], [1]]), ValueError, "chains"),
+        (dict(tree="no-such-tree"), TreeError, "unknown tree"),
+        (dict(num_speculative_tokens=0), ValueError, "num_speculative_tokens"),
+        (dict(frobnicate=True), TypeError, "unknown arguments"),
+    ],
+)
+def test_bad_generation_arguments(decoder: SpecDecoder, kwargs: dict, error: type, message: str) -> None:
+    kwargs = {"max_new_tokens": 4, **kwargs}
+    with pytest.raises(error, match=message):
+        decoder.generate(PROMPT, **kwargs)
+
+
+def test_prompt_at_or_over_the_model_length() -> None:
+    model = tiny_model("gpt2", max_positions=16)
+    decoder = SpecDecoder(model, PromptLookupDrafter(3))
+    for length in (16, 40):
+        with pytest.raises(ValueError, match="at most 16 positions"):
+            decoder.generate(torch.full((1, length), 5), max_new_tokens=2)
+
+
+def test_draft_model_with_another_vocabulary(llama) -> None:
+    other = tiny_model("llama", vocab_size=128)
+    with pytest.raises(ValueError, match="vocabulary"):
+        SpecDecoder(llama, DraftModelDrafter(other, 3))
+
+
+def test_unknown_method() -> None:
+    with pytest.raises(ValueError, match="unknown method"):
+        SpecDecoder.from_pretrained(tiny_model("llama"), method="telepathy")
+
+
+def test_method_none_takes_no_tree(llama) -> None:
+    with pytest.raises(ValueError, match="no tree"):
+        SpecDecoder(llama, NoDrafter()).generate(PROMPT, max_new_tokens=3, tree="chain-2")
+
+
+def test_a_failed_call_leaves_the_decoder_usable(decoder: SpecDecoder, llama) -> None:
+    with pytest.raises(ValueError):
+        decoder.generate(PROMPT, max_new_tokens=0)
+    out = decoder.generate(PROMPT, max_new_tokens=5)
+    assert len(out.new_tokens) == 5

@@ -1,0 +1,114 @@
+"""The sampling invariant: with rejection sampling, speculative output is distributed exactly like the base's own.
+
+The joint distribution of the first two new tokens is computed exactly by enumeration over a tiny vocabulary (with
+transformers' own logits warpers), and compared with generated samples by a chi-square test. The models' logits are
+sharpened so that a sampler that is off (accepting too often, a wrong residual) is caught; a lossy rule run through
+the same harness is the negative control that shows the test has the power to fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import RandomTreeDrafter, tiny_model
+from scipy.stats import chisquare
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from specheads import SpecDecoder
+from specheads.inference.drafters import DraftModelDrafter
+from specheads.inference.trees import resolve_tree
+
+VOCAB = 12
+PROMPT = torch.tensor([[3, 5, 7]])
+SAMPLES = 1000
+
+
+def _base_distribution(model, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Exact ``P(t1, t2)`` ``[V, V]`` of the base sampling two tokens after PROMPT."""
+    warpers = [TemperatureLogitsWarper(temperature)]
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+
+    def probs(ids: torch.Tensor) -> torch.Tensor:
+        scores = model(ids).logits[:, -1, :]
+        for warper in warpers:
+            scores = warper(ids, scores)
+        return scores.softmax(dim=-1)[0]
+
+    with torch.no_grad():
+        first = probs(PROMPT)
+        joint = torch.zeros(VOCAB, VOCAB)
+        for token in range(VOCAB):
+            joint[token] = first[token] * probs(torch.cat([PROMPT, torch.tensor([[token]])], dim=1))
+    return joint
+
+
+def _p_value(decoder: SpecDecoder, joint: torch.Tensor, **kwargs) -> float:
+    counts = torch.zeros(VOCAB * VOCAB)
+    for seed in range(SAMPLES):
+        out = decoder.generate(PROMPT, max_new_tokens=2, seed=seed, **kwargs)
+        counts[out.new_tokens[0] * VOCAB + out.new_tokens[1]] += 1
+    expected = joint.flatten() * SAMPLES
+    # Cells with tiny expectations are pooled so that the chi-square approximation holds.
+    small = expected < 5
+    observed = torch.cat([counts[~small], counts[small].sum(dim=0, keepdim=True)])
+    expected = torch.cat([expected[~small], expected[small].sum(dim=0, keepdim=True)])
+    observed, expected = observed[expected > 0], expected[expected > 0]
+    expected = expected * observed.sum() / expected.sum()
+    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return tiny_model("llama", seed=3, vocab_size=VOCAB, hidden=16, layers=1, logit_scale=30)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny_model("llama", seed=4, vocab_size=VOCAB, hidden=16, layers=1, logit_scale=15)
+
+
+SETTINGS = [
+    pytest.param(dict(temperature=1.0, top_k=0, top_p=1.0), id="T1"),
+    pytest.param(dict(temperature=0.6, top_k=6, top_p=1.0), id="T0.6-topk6"),
+    pytest.param(dict(temperature=0.8, top_k=0, top_p=0.9), id="T0.8-topp0.9"),
+]
+
+
+@pytest.mark.parametrize("sampling", SETTINGS)
+def test_chain_from_a_draft_model_samples_the_base_distribution(base, draft, sampling) -> None:
+    decoder = SpecDecoder(base, DraftModelDrafter(draft, 2))
+    joint = _base_distribution(base, **sampling)
+    assert _p_value(decoder, joint, acceptance="rejection", **sampling) > 1e-3
+
+
+@pytest.mark.parametrize("sampling", SETTINGS[:2])
+def test_tree_of_deterministic_candidates_samples_the_base_distribution(base, sampling) -> None:
+    tree = resolve_tree([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
+    decoder = SpecDecoder(base, RandomTreeDrafter(tree, VOCAB, seed=5))
+    joint = _base_distribution(base, **sampling)
+    assert _p_value(decoder, joint, acceptance="rejection", **sampling) > 1e-3
+
+
+def test_plain_sampling_through_the_engine_samples_the_base_distribution(base) -> None:
+    joint = _base_distribution(base, temperature=1.0, top_k=0, top_p=1.0)
+    assert _p_value(SpecDecoder(base), joint, temperature=1.0) > 1e-3
+
+
+def test_a_lossy_rule_is_caught_negative_control(base) -> None:
+    """'alpha' with deterministic candidates accepts every random draft: the harness must reject it."""
+    tree = resolve_tree([[0], [1], [0, 0]])
+    decoder = SpecDecoder(base, RandomTreeDrafter(tree, VOCAB, seed=6))
+    joint = _base_distribution(base, temperature=1.0, top_k=0, top_p=1.0)
+    assert _p_value(decoder, joint, acceptance="alpha", temperature=1.0) < 1e-3
+
+
+def test_seed_makes_sampling_reproducible(base, draft) -> None:
+    decoder = SpecDecoder(base, DraftModelDrafter(draft, 3))
+    first = decoder.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=123).new_tokens
+    again = decoder.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=123).new_tokens
+    assert first == again
+    others = {tuple(decoder.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=s).new_tokens) for s in range(5)}
+    assert len(others) > 1
