@@ -70,11 +70,111 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark every method side by side with transformers generation",
+        description="Run hf-greedy, hf-assisted, hf-prompt-lookup and the specheads methods interleaved over the "
+        "prompts in one process; write report.json, report.md and speedup.png into --out.",
+    )
+    parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
+    parser.add_argument("--draft-model", help="draft model for draft-k* and hf-assisted ('default' with the default)")
+    parser.add_argument("--tokenizer", help="tokenizer (default: the base's)")
+    parser.add_argument("--prompts", help="JSONL prompts file (default with --base default: the shipped prompts)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--limit", type=int, help="use the first N prompts")
+    parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts (more: less noise)")
+    parser.add_argument("--draft-k", default="1,3,5,8", help="comma-separated K values for draft-k* rows")
+    parser.add_argument("--lookup-k", type=int, default=10, help="tokens per prompt-lookup proposal (both sides)")
+    parser.add_argument("--methods", help="comma-separated subset of methods (hf-greedy always runs)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", help="cpu, cuda, ...")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.set_defaults(handler=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from specheads import assets
+    from specheads.bench import (
+        build_methods,
+        machine_info,
+        markdown_table,
+        model_info,
+        run_bench,
+        summarize,
+        write_report,
+    )
+    from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
+    from specheads.prompts import load_prompts
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.max_new_tokens < 1:
+        raise ValueError("--max-new-tokens must be >= 1")
+    prompts_path = args.prompts
+    if prompts_path is None:
+        if args.base != "default":
+            raise ValueError("--prompts is required unless --base default")
+        prompts_path = assets.prompts_path()
+    tokenizer = load_tokenizer(args.tokenizer or args.base)
+    prompts = load_prompts(prompts_path, tokenizer, limit=args.limit)
+    base = load_causal_lm(args.base, device=args.device)
+    draft = None
+    if args.draft_model:
+        check_same_tokenizer(tokenizer, args.draft_model)
+        draft = load_causal_lm(args.draft_model, device=base.device, role="draft")
+    draft_ks = [int(k) for k in args.draft_k.split(",") if k.strip()]
+    only = [m.strip() for m in args.methods.split(",")] if args.methods else None
+    methods = build_methods(base, draft, draft_ks=draft_ks, lookup_k=args.lookup_k, only=only)
+    run_bench(methods, prompts, tokenizer, args.max_new_tokens, repeats=args.repeats)
+
+    report = {
+        "machine": machine_info(),
+        "base": model_info(base, args.base),
+        "draft": model_info(draft, args.draft_model) if draft is not None else None,
+        "prompts": len(prompts),
+        "prompts_file": str(prompts_path),
+        "repeats": args.repeats,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": 0.0,
+        "lookup_k": args.lookup_k,
+        "command": "specheads " + " ".join(sys.argv[1:]),
+        "methods": summarize(methods),
+    }
+    write_report(report, args.out)
+    print(markdown_table(report))
+    print(f"wrote {args.out}/report.json, report.md, speedup.png")
+    return 0
+
+
+def _add_demo(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="speculative decoding on the embedded default model, no arguments needed",
+        description="Complete a held-out prompt with the embedded default code model: plain decoding, the draft "
+        "model and prompt lookup; show that the texts are identical and print tau, tokens/s and speed-ups.",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-index", type=int, default=0, help="which shipped held-out prompt to complete")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.set_defaults(handler=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from specheads.demo import run_demo
+
+    return run_demo(max_new_tokens=args.max_new_tokens, prompt_index=args.prompt_index, threads=args.threads)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``specheads`` command."""
     parser = argparse.ArgumentParser(prog="specheads", description="Lossless speculative decoding for transformers.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_generate(subparsers)
+    _add_bench(subparsers)
+    _add_demo(subparsers)
     return parser
 
 

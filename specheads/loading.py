@@ -39,3 +39,26 @@ def load_tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTraine
     if isinstance(tokenizer, PreTrainedTokenizerBase):
         return tokenizer
     return AutoTokenizer.from_pretrained(assets.resolve(str(tokenizer)))
+
+
+def check_same_tokenizer(
+    base_tokenizer: PreTrainedTokenizerBase | None,
+    draft: str | Path | PreTrainedModel,
+    draft_tokenizer: PreTrainedTokenizerBase | None = None,
+) -> None:
+    """Raise ``ValueError`` when the draft model's own tokenizer differs from the base's.
+
+    A draft given as an object, or a folder without tokenizer files, is checked only through its vocabulary size
+    (see :func:`specheads.inference.drafters.check_same_vocabulary`).
+    """
+    if base_tokenizer is None:
+        return
+    if draft_tokenizer is None and not isinstance(draft, PreTrainedModel):
+        folder = Path(assets.resolve(str(draft), role="draft"))
+        if folder.is_dir() and any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+            draft_tokenizer = AutoTokenizer.from_pretrained(folder)
+    if draft_tokenizer is not None and draft_tokenizer.get_vocab() != base_tokenizer.get_vocab():
+        raise ValueError(
+            "the draft model's tokenizer differs from the base's (different vocabularies); speculative decoding "
+            "with a draft model needs the base's tokenizer"
+        )

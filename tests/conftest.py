@@ -10,7 +10,8 @@ from transformers import PreTrainedModel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# SPECHEADS_TEST_THREADS=1 keeps a test run from thrashing against a background training job.
+torch.set_num_threads(int(os.environ.get("SPECHEADS_TEST_THREADS", min(2, torch.get_num_threads()))))
 
 from helpers import tiny_model  # noqa: E402
 

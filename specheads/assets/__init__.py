@@ -65,3 +65,11 @@ def verify() -> None:
                 f"default model file {relative} does not match its manifest hash (got {digest[:12]}, expected "
                 f"{expected[:12]}); reinstall specheads or reproduce the model with: {REPRODUCE}"
             )
+
+
+def prompts_path() -> Path:
+    """The shipped benchmark prompts, cut from held-out standard-library files."""
+    path = DEFAULT_DIR / "prompts.jsonl"
+    if not path.is_file():
+        raise MissingAssetsError(f"the default benchmark prompts are missing ({path})")
+    return path

@@ -104,7 +104,7 @@ class SpecDecoder:
 
         ``method`` is inferred when None: ``"draft"`` with a draft model, ``"none"`` otherwise.
         """
-        from specheads.loading import load_causal_lm, load_tokenizer
+        from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
 
         if method is None:
             method = "draft" if draft_model is not None else ("medusa" if heads is not None else "none")
@@ -120,6 +120,7 @@ class SpecDecoder:
         tokenizer = load_tokenizer(tokenizer) if tokenizer is not None else None
         drafter: Drafter
         if method == "draft":
+            check_same_tokenizer(tokenizer, draft_model)
             draft = load_causal_lm(draft_model, dtype=dtype, device=base_model.device, role="draft")
             drafter = DraftModelDrafter(draft, num_speculative_tokens or 5)
         elif method == "prompt-lookup":

@@ -1,0 +1,148 @@
+"""The command line on tiny models saved to disk: generate, bench and their errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import tiny_model, tiny_tokenizer
+
+from specheads.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    tokenizer = tiny_tokenizer()
+    for name, kwargs in {"base": dict(seed=1), "draft": dict(seed=2, hidden=16, layers=1)}.items():
+        model = tiny_model("llama", **kwargs)
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    other = tiny_model("llama", seed=3, vocab_size=128)
+    other.save_pretrained(root / "other-vocab")
+    tiny_tokenizer(128).save_pretrained(root / "other-vocab")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(
+        "\n".join(json.dumps({"id": f"p{i}", "prompt": f"def f{i}(x):\n    return x"}) for i in range(3)) + "\n"
+    )
+    return root
+
+
+def test_generate_prints_text_and_stats(model_dirs, capsys) -> None:
+    code = main(
+        [
+            "generate",
+            "--base",
+            str(model_dirs / "base"),
+            "--draft-model",
+            str(model_dirs / "draft"),
+            "--max-new-tokens",
+            "12",
+            "--stats",
+            "def f(x):",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "tau" in captured.err and "[draft]" in captured.err
+    assert captured.out.strip()
+
+
+def test_generate_json_matches_greedy_of_every_method(model_dirs, capsys) -> None:
+    outputs = []
+    for extra in ([], ["--draft-model", str(model_dirs / "draft")], ["--method", "prompt-lookup"]):
+        assert (
+            main(["generate", "--base", str(model_dirs / "base"), "--max-new-tokens", "10", "--json", *extra, "x = 1"])
+            == 0
+        )
+        outputs.append(json.loads(capsys.readouterr().out)["new_tokens"])
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_generate_rejects_a_draft_with_another_tokenizer(model_dirs, capsys) -> None:
+    code = main(["generate", "--base", str(model_dirs / "base"), "--draft-model", str(model_dirs / "other-vocab"), "x"])
+    assert code == 2
+    assert "tokenizer differs" in capsys.readouterr().err
+
+
+def test_bench_writes_the_report(model_dirs, tmp_path, capsys) -> None:
+    out = tmp_path / "bench"
+    code = main(
+        [
+            "bench",
+            "--base",
+            str(model_dirs / "base"),
+            "--draft-model",
+            str(model_dirs / "draft"),
+            "--prompts",
+            str(model_dirs / "prompts.jsonl"),
+            "--max-new-tokens",
+            "8",
+            "--draft-k",
+            "1,3",
+            "--lookup-k",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    names = [row["name"] for row in report["methods"]]
+    assert names == ["hf-greedy", "hf-assisted", "hf-prompt-lookup", "none", "draft-k1", "draft-k3", "prompt-lookup"]
+    assert all(row["matches_greedy"] for row in report["methods"])
+    assert report["prompts"] == 3 and report["max_new_tokens"] == 8
+    for row in report["methods"]:
+        assert set(row) >= {
+            "name",
+            "tokens_per_s",
+            "speedup",
+            "mean_accepted_length",
+            "acceptance_rate_by_position",
+            "matches_greedy",
+            "wall_time_s",
+        }
+    assert report["methods"][0]["speedup"] == pytest.approx(1.0)
+    assert (out / "report.md").read_text().count("| draft-k") == 2
+    assert (out / "speedup.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "does not exist"),
+        ("", "holds no prompts"),
+        ('{"prompt": "a"}\nnot json\n', "prompts.jsonl:2"),
+        ('{"id": 3}\n', "prompts.jsonl:1: no 'prompt'"),
+    ],
+)
+def test_bench_bad_prompt_files(model_dirs, tmp_path, capsys, content, message) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    if content is not None:
+        prompts.write_text(content)
+    code = main(["bench", "--base", str(model_dirs / "base"), "--prompts", str(prompts), "--out", str(tmp_path)])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_unknown_method(model_dirs, tmp_path, capsys) -> None:
+    code = main(
+        [
+            "bench",
+            "--base",
+            str(model_dirs / "base"),
+            "--prompts",
+            str(model_dirs / "prompts.jsonl"),
+            "--methods",
+            "warp-drive",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 2
+    assert "unknown bench methods" in capsys.readouterr().err
+
+
+def test_unknown_method_is_refused_by_argparse(model_dirs) -> None:
+    with pytest.raises(SystemExit):
+        main(["generate", "--base", str(model_dirs / "base"), "--method", "telepathy", "x"])
