@@ -1,5 +1,6 @@
 """specheads: lossless speculative decoding for any transformers causal LM."""
 
+from specheads.heads import HeadCheckpointError, MedusaHeads, load_heads
 from specheads.inference import (
     DraftModelDrafter,
     GenerationOutput,
@@ -14,6 +15,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DraftModelDrafter",
+    "HeadCheckpointError",
+    "MedusaHeads",
     "GenerationOutput",
     "NoDrafter",
     "PromptLookupDrafter",
@@ -21,4 +24,5 @@ __all__ = [
     "SpecStats",
     "TreeError",
     "__version__",
+    "load_heads",
 ]

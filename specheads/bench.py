@@ -76,8 +76,13 @@ def build_methods(
     draft_ks: Sequence[int] = (1, 3, 5, 8),
     lookup_k: int = 10,
     only: Sequence[str] | None = None,
+    draft_confidence: float = 0.4,
 ) -> list[BenchMethod]:
-    """The methods of a benchmark run; ``hf-greedy`` always comes first (it is the reference)."""
+    """The methods of a benchmark run; ``hf-greedy`` always comes first (it is the reference).
+
+    ``draft-adaptive`` drafts up to ``max(draft_ks)`` tokens and stops when the draft's confidence in its token falls
+    below ``draft_confidence`` (0.4 is transformers' initial ``assistant_confidence_threshold``).
+    """
     pad = base.generation_config.pad_token_id
     if pad is None:
         pad = base.generation_config.eos_token_id if isinstance(base.generation_config.eos_token_id, int) else 0
@@ -92,6 +97,8 @@ def build_methods(
         for k in draft_ks:
             decoder = SpecDecoder(base, DraftModelDrafter(draft, k))
             methods.append(BenchMethod(f"draft-k{k}", _spec_runner(decoder), has_stats=True))
+        adaptive = DraftModelDrafter(draft, max(draft_ks), confidence_threshold=draft_confidence)
+        methods.append(BenchMethod("draft-adaptive", _spec_runner(SpecDecoder(base, adaptive)), has_stats=True))
     methods.append(
         BenchMethod("prompt-lookup", _spec_runner(SpecDecoder(base, PromptLookupDrafter(lookup_k))), has_stats=True)
     )

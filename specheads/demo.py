@@ -84,7 +84,5 @@ def _describe(model: torch.nn.Module) -> str:
 
 
 def _heldout_loss(info: dict, part: str) -> str:
-    value = info.get(part, {}).get("heldout_loss") if isinstance(info.get(part), dict) else None
-    if value is None:
-        value = info.get("models", {}).get(part, {}).get("heldout_loss")
+    value = info.get("models", {}).get(part, {}).get("heldout_loss_nats_per_token")
     return f"{value:.3f}" if isinstance(value, (int, float)) else "?"

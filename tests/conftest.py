@@ -1,4 +1,4 @@
-"""Test session set-up: offline hub, offline trackers, two threads at most."""
+"""Test session set-up: offline hub, offline trackers, one thread."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from transformers import PreTrainedModel
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
-# SPECHEADS_TEST_THREADS=1 keeps a test run from thrashing against a background training job.
-torch.set_num_threads(int(os.environ.get("SPECHEADS_TEST_THREADS", min(2, torch.get_num_threads()))))
+# Tiny models gain nothing from more threads, and one thread keeps the suite from thrashing on a shared machine.
+torch.set_num_threads(int(os.environ.get("SPECHEADS_TEST_THREADS", "1")))
 
 from helpers import tiny_model  # noqa: E402
 

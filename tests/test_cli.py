@@ -89,7 +89,16 @@ def test_bench_writes_the_report(model_dirs, tmp_path, capsys) -> None:
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     names = [row["name"] for row in report["methods"]]
-    assert names == ["hf-greedy", "hf-assisted", "hf-prompt-lookup", "none", "draft-k1", "draft-k3", "prompt-lookup"]
+    assert names == [
+        "hf-greedy",
+        "hf-assisted",
+        "hf-prompt-lookup",
+        "none",
+        "draft-k1",
+        "draft-k3",
+        "draft-adaptive",
+        "prompt-lookup",
+    ]
     assert all(row["matches_greedy"] for row in report["methods"])
     assert report["prompts"] == 3 and report["max_new_tokens"] == 8
     for row in report["methods"]:

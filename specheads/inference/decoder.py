@@ -25,6 +25,7 @@ from specheads.inference.acceptance import ACCEPTANCE_RULES, AcceptanceOptions, 
 from specheads.inference.drafters import (
     Drafter,
     DraftModelDrafter,
+    MedusaDrafter,
     NoDrafter,
     PromptLookupDrafter,
     check_same_vocabulary,
@@ -110,8 +111,10 @@ class SpecDecoder:
             method = "draft" if draft_model is not None else ("medusa" if heads is not None else "none")
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {list(METHODS)}")
-        if heads is not None or method in ("medusa", "eagle"):
-            raise NotImplementedError("Medusa and EAGLE heads are not part of this release yet (issue 4 and later)")
+        if method == "eagle":
+            raise NotImplementedError("EAGLE heads are not part of this release yet")
+        if method == "medusa" and heads is None:
+            raise ValueError("method 'medusa' needs heads= (a head checkpoint directory or a MedusaHeads module)")
         if method == "draft" and draft_model is None:
             raise ValueError("method 'draft' needs draft_model=")
         base_model = load_causal_lm(base, dtype=dtype, device=device)
@@ -123,6 +126,8 @@ class SpecDecoder:
             check_same_tokenizer(tokenizer, draft_model)
             draft = load_causal_lm(draft_model, dtype=dtype, device=base_model.device, role="draft")
             drafter = DraftModelDrafter(draft, num_speculative_tokens or 5)
+        elif method == "medusa":
+            drafter = MedusaDrafter(_load_medusa(heads, base_model))
         elif method == "prompt-lookup":
             drafter = PromptLookupDrafter(num_speculative_tokens or 10)
         else:
@@ -388,3 +393,12 @@ def _tree_mask(tree_mask: torch.Tensor, prefix_len: int, device: torch.device) -
     size = tree_mask.shape[0]
     prefix = torch.ones(size, prefix_len, dtype=torch.bool)
     return torch.cat([prefix, tree_mask], dim=1)[None, None].to(device)
+
+
+def _load_medusa(heads: str | Path | torch.nn.Module, base_model: PreTrainedModel) -> torch.nn.Module:
+    from specheads.heads.medusa import load_heads
+
+    if isinstance(heads, torch.nn.Module):
+        heads.attach_base(base_model)
+        return heads
+    return load_heads(heads, base_model)

@@ -139,14 +139,23 @@ class DraftModelDrafter:
     agree on, and the next proposal first feeds the committed tokens it has not seen. At temperature 0 the draft
     takes its argmax (a deterministic proposal); otherwise it samples from its own distribution, warped with the
     base's temperature/top-k/top-p, and reports that distribution for rejection sampling.
+
+    With ``confidence_threshold`` the draft stops early when its own probability of the token it just drafted falls
+    below the threshold (transformers' ``assistant_confidence_threshold`` idea): a weak draft then wastes fewer
+    draft forwards and verifies fewer doomed tokens. This changes only what is proposed, never what is accepted.
     """
 
     name = "draft"
     hidden_state_layers: tuple[int, ...] = ()
 
-    def __init__(self, model: PreTrainedModel, num_speculative_tokens: int = 5) -> None:
+    def __init__(
+        self, model: PreTrainedModel, num_speculative_tokens: int = 5, confidence_threshold: float | None = None
+    ) -> None:
+        if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
+            raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold!r}")
         self.model = model.eval()
         self.num_speculative_tokens = num_speculative_tokens
+        self.confidence_threshold = confidence_threshold
         self._cache = kv_cache.new_cache()
         self._cached_tokens = 0  # committed tokens the draft cache holds
         self._drafted = 0  # drafts of the last proposal (the last one is not in the draft cache)
@@ -173,15 +182,19 @@ class DraftModelDrafter:
             logits = self._forward(feed)  # [1, V]
             if request.sampling.greedy:
                 token = logits.argmax(dim=-1)  # [1]
+                confidence = logits.float().softmax(dim=-1)[0, token] if self.confidence_threshold else None
             else:
                 q = probabilities(logits, request.sampling)  # [1, V]
                 token = sample(q, request.generator)
                 draft_probs.append(q)
+                confidence = q[0, token]
             drafts.append(token)
+            if self.confidence_threshold and float(confidence) < self.confidence_threshold:
+                break
             feed = token[:, None]
-        # The last draft was never fed, so the draft cache holds committed + (length - 1) drafted tokens.
+        # The last draft was never fed, so the draft cache holds committed + (drafted - 1) drafted tokens.
         self._cached_tokens = committed
-        self._drafted = length
+        self._drafted = len(drafts)
         probs = torch.stack(draft_probs, dim=1) if draft_probs else None  # [1, K, V]
         return chain_proposal(torch.stack(drafts, dim=1), probs)
 
@@ -204,3 +217,63 @@ def check_same_vocabulary(base: PreTrainedModel, draft: PreTrainedModel) -> None
             f"the draft model's vocabulary ({draft_vocab} tokens) differs from the base's ({base_vocab}); "
             "a draft model must share the base's tokenizer"
         )
+
+
+class MedusaDrafter:
+    """Medusa heads propose a static tree: node (r1, ..., rd) holds head d's rank-rd candidate.
+
+    The heads read the base's last hidden state of the last cached token; head k predicts the token k + 1 levels
+    below the root (the root itself is the base's own token). Proposals are deterministic top-k candidates, which
+    rejection sampling treats as one-hot (Cai et al. 2024; Medusa's ``generate_candidates``).
+    """
+
+    name = "medusa"
+    hidden_state_layers: tuple[int, ...] = (-1,)
+
+    def __init__(self, heads: torch.nn.Module, tree: str | list | None = None) -> None:
+        from specheads.inference.trees import resolve_tree
+
+        self.heads = heads.eval()
+        self.num_heads = heads.config.num_heads
+        self.default_tree = resolve_tree(tree if tree is not None else f"chain-{self.num_heads}")
+        self._check_depth(self.default_tree.max_depth)
+
+    def _check_depth(self, depth: int) -> None:
+        if depth > self.num_heads:
+            raise ValueError(
+                f"the tree is {depth} levels deep but there are only {self.num_heads} Medusa heads; "
+                f"use a tree of depth <= {self.num_heads}"
+            )
+
+    def _tree(self, request: DraftRequest):  # noqa: ANN202 - TreeBuffers
+        if request.tree is not None:
+            return request.tree
+        if request.num_speculative_tokens is not None:
+            return tree_from_choices(chain_choices(request.num_speculative_tokens))
+        return self.default_tree
+
+    def check_request(self, request: DraftRequest) -> None:
+        if request.tree is None and request.num_speculative_tokens is not None:
+            _check_chain_request(request, self.num_heads)
+        self._check_depth(self._tree(request).max_depth)
+
+    def reset(self, state: DecodeState) -> None:
+        return None
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState, request: DraftRequest) -> Proposal | None:
+        if not state.hidden_states:  # a one-token prompt: no hidden state before the root yet
+            return None
+        tree = self._tree(request).truncated(request.max_depth)
+        if tree.num_nodes == 0:
+            return None
+        hidden = state.hidden_states[0][:, -1]  # [B, H] of the last cached token
+        logits = self.heads(hidden)[: tree.max_depth]  # [D, B, V]
+        depths = tree.depths[1:]  # [N]
+        ranks = torch.tensor(tree.ranks[1:], dtype=torch.long)  # [N]
+        candidates = logits.topk(int(ranks.max()) + 1, dim=-1).indices  # [D, B, R]
+        tokens = candidates[depths - 1, :, ranks].transpose(0, 1)  # [B, N]
+        return Proposal(tokens=tokens, tree=tree, draft_probs=None)
+
+    def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:
+        return None

@@ -134,3 +134,20 @@ def test_generation_stops_at_the_model_length_limit() -> None:
     out = SpecDecoder(model, DraftModelDrafter(model, 4)).generate(prompt, max_new_tokens=50)
     assert out.sequences.shape[1] == 32
     assert torch.equal(out.sequences, greedy_reference(model, prompt, 7))
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.02, 0.5])
+def test_confidence_threshold_changes_only_the_proposals(threshold: float) -> None:
+    base = tiny_model("llama", seed=1, logit_scale=8)
+    draft = tiny_model("llama", seed=1, logit_scale=8, hidden=32)  # same weights: confident, mostly right
+    prompt = _prompt(7, seed=16)
+    drafter = DraftModelDrafter(draft, 6, confidence_threshold=threshold)
+    out = SpecDecoder(base, drafter).generate(prompt, max_new_tokens=30)
+    assert torch.equal(out.sequences, greedy_reference(base, prompt, 30))
+    if threshold == 0.5:
+        assert min(out.stats.drafted_depths) < 6  # some proposals were cut short
+
+
+def test_confidence_threshold_is_checked() -> None:
+    with pytest.raises(ValueError, match="confidence_threshold"):
+        DraftModelDrafter(tiny_model("llama"), 3, confidence_threshold=1.5)

@@ -20,7 +20,7 @@ from specheads.inference.trees import resolve_tree
 
 VOCAB = 12
 PROMPT = torch.tensor([[3, 5, 7]])
-SAMPLES = 1000
+SAMPLES = 3000
 
 
 def _base_distribution(model, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -112,3 +112,16 @@ def test_seed_makes_sampling_reproducible(base, draft) -> None:
     assert first == again
     others = {tuple(decoder.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=s).new_tokens) for s in range(5)}
     assert len(others) > 1
+
+
+def test_medusa_tree_samples_the_base_distribution(base) -> None:
+    from specheads.heads import MedusaHeads
+    from specheads.inference.drafters import MedusaDrafter
+
+    heads = MedusaHeads.from_base(base, num_heads=2)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(0.3 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(7)))
+    decoder = SpecDecoder(base, MedusaDrafter(heads, tree=[[0], [1], [0, 0], [1, 0]]))
+    joint = _base_distribution(base, temperature=1.0, top_k=0, top_p=1.0)
+    assert _p_value(decoder, joint, acceptance="rejection", temperature=1.0) > 1e-3

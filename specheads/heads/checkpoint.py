@@ -1,0 +1,141 @@
+"""Native head checkpoints: ``config.json`` + ``model.safetensors``, bound to one base model by a fingerprint.
+
+Loading never unpickles: only safetensors are read, and a ``.bin``/``.pt`` file is refused with a message that says
+how to convert it. Files are written to a temporary name and renamed, so a crash never leaves a checkpoint that
+looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel
+
+SPECHEADS_FORMAT_VERSION = 1
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+class HeadCheckpointError(ValueError):
+    """A head checkpoint that cannot be loaded (missing, corrupt, pickled, or made for another base)."""
+
+
+def base_model_info(base: PreTrainedModel) -> dict[str, Any]:
+    """What a head checkpoint records about its base: names, dimensions and a fingerprint."""
+    config = base.config
+    return {
+        "name_or_path": getattr(config, "_name_or_path", "") or "",
+        "architectures": list(getattr(config, "architectures", None) or [type(base).__name__]),
+        "hidden_size": int(base.get_output_embeddings().weight.shape[1]),
+        "vocab_size": int(base.get_output_embeddings().weight.shape[0]),
+        "num_hidden_layers": int(getattr(config, "num_hidden_layers", 0) or 0),
+        "fingerprint": fingerprint(base),
+        "weight_sample": weight_sample(base),
+    }
+
+
+def weight_sample(base: PreTrainedModel, size: int = 32) -> list[float]:
+    """A fixed, evenly spaced sample of the base's output-embedding weights (fp32 values)."""
+    weight = base.get_output_embeddings().weight.detach().flatten()
+    index = torch.linspace(0, weight.numel() - 1, steps=min(size, weight.numel())).long().to(weight.device)
+    return [round(value, 6) for value in weight[index].float().cpu().tolist()]
+
+
+def fingerprint(base: PreTrainedModel) -> str:
+    """A short hash of the base's architecture and of a fixed sample of its output-embedding weights."""
+    config = base.config
+    shape = {
+        "model_type": getattr(config, "model_type", None),
+        "hidden_size": int(base.get_output_embeddings().weight.shape[1]),
+        "vocab_size": int(base.get_output_embeddings().weight.shape[0]),
+        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+    }
+    digest = hashlib.sha256(json.dumps({"shape": shape, "sample": weight_sample(base)}, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def check_base(expected: dict[str, Any], base: PreTrainedModel, where: str) -> None:
+    """Raise :class:`HeadCheckpointError` naming the first field that differs between ``expected`` and ``base``.
+
+    The fingerprint hash must match exactly, except when the recorded weight sample matches within bf16/fp16
+    rounding: the same base loaded in another dtype is the same base.
+    """
+    actual = base_model_info(base)
+    if expected.get("fingerprint") != actual["fingerprint"] and "weight_sample" in expected:
+        recorded = torch.tensor(expected["weight_sample"])
+        current = torch.tensor(actual["weight_sample"])
+        if recorded.shape == current.shape and torch.allclose(recorded, current, rtol=1e-2, atol=1e-4):
+            actual["fingerprint"] = expected["fingerprint"]
+    for field in ("hidden_size", "vocab_size", "num_hidden_layers", "architectures", "fingerprint"):
+        if field in expected and expected[field] != actual[field]:
+            raise HeadCheckpointError(
+                f"{where} was trained for another base model: base_model.{field} is {expected[field]!r} in the "
+                f"checkpoint but {actual[field]!r} for this base ({actual['name_or_path'] or 'in memory'}; heads "
+                f"were made for {expected.get('name_or_path') or 'an unnamed base'})"
+            )
+
+
+def save_checkpoint(directory: str | Path, config: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> None:
+    """Write ``config.json`` and ``model.safetensors`` atomically (weights first, config last)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in state_dict.items()}
+    _atomic_write(directory / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata={"format": "pt"}))
+    text = json.dumps({"specheads_version": SPECHEADS_FORMAT_VERSION, **config}, indent=2) + "\n"
+    _atomic_write(directory / CONFIG_NAME, lambda path: Path(path).write_text(text))
+
+
+def read_checkpoint(directory: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Read a native head checkpoint; refuse pickles and say what is wrong with anything else."""
+    directory = Path(directory)
+    if directory.is_file():
+        if directory.suffix in PICKLE_SUFFIXES:
+            raise HeadCheckpointError(_pickle_message(directory))
+        raise HeadCheckpointError(f"{directory} is a file; give the head checkpoint directory")
+    if not directory.is_dir():
+        raise HeadCheckpointError(f"head checkpoint {directory} does not exist")
+    config_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
+    if not weights_path.is_file():
+        pickles = [p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES]
+        if pickles:
+            raise HeadCheckpointError(_pickle_message(pickles[0]))
+        raise HeadCheckpointError(f"{directory} holds no {WEIGHTS_NAME}")
+    if not config_path.is_file():
+        raise HeadCheckpointError(f"{directory} holds no {CONFIG_NAME}")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise HeadCheckpointError(f"{config_path} is not valid JSON: {error}") from error
+    if not isinstance(config, dict) or "head_type" not in config:
+        raise HeadCheckpointError(f"{config_path} is not a specheads head config (no 'head_type')")
+    try:
+        tensors = load_file(str(weights_path))
+    except Exception as error:  # safetensors raises its own error types for truncated or corrupt files
+        raise HeadCheckpointError(f"{weights_path} is not a readable safetensors file: {error}") from error
+    return config, tensors
+
+
+def _pickle_message(path: Path) -> str:
+    return (
+        f"{path} is a pickle-based file; specheads never unpickles checkpoints (arbitrary code execution). Convert "
+        "it once in a trusted environment: torch.load it, build the heads, and call heads.save_pretrained(dir)"
+    )
+
+
+def _atomic_write(target: Path, write: Any) -> None:
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        write(temporary)
+        os.replace(temporary, target)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)

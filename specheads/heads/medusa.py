@@ -1,0 +1,177 @@
+"""Medusa heads (Cai et al. 2024, arXiv 2401.10774) on top of a frozen base model.
+
+Head k (0-based) reads the base's last hidden state at position t (the one its lm_head reads) and predicts token
+t + 2 + k: one token further than the base itself. Each head is ``num_layers`` residual SiLU blocks, zero-initialised
+so that every head starts as the identity, followed by a vocabulary projection that is either the head's own copy of
+the base's lm_head (Medusa-1) or the base's lm_head itself (``share_lm_head=True``, Medusa "version 2").
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from specheads.heads.checkpoint import (
+    HeadCheckpointError,
+    base_model_info,
+    check_base,
+    read_checkpoint,
+    save_checkpoint,
+)
+
+
+class ResBlock(nn.Module):
+    """``x + SiLU(W x + b)`` with W and b zero-initialised, so the block starts as the identity."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size, bias=True)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.act = nn.SiLU()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden + self.act(self.linear(hidden))
+
+
+@dataclass
+class MedusaConfig:
+    """Hyper-parameters of a set of Medusa heads and the base they belong to."""
+
+    num_heads: int = 4
+    num_layers: int = 1
+    hidden_size: int = 0
+    vocab_size: int = 0
+    share_lm_head: bool = False
+    base_model: dict[str, Any] = field(default_factory=dict)
+    head_type: str = "medusa"
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "num_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Medusa {name} must be an integer >= 1, got {value!r}")
+
+
+class MedusaHeads(nn.Module):
+    """K Medusa heads.
+
+    Args:
+        config: the heads' hyper-parameters.
+        base_lm_head: the base's output projection, required when ``config.share_lm_head`` (not saved with the heads).
+    """
+
+    def __init__(self, config: MedusaConfig, base_lm_head: nn.Linear | None = None) -> None:
+        super().__init__()
+        self.config = config
+        hidden, vocab = config.hidden_size, config.vocab_size
+        # One ModuleList per head with distinct blocks (never `[ResBlock(h)] * L`, which repeats one module).
+        self.blocks = nn.ModuleList(
+            nn.ModuleList(ResBlock(hidden) for _ in range(config.num_layers)) for _ in range(config.num_heads)
+        )
+        if config.share_lm_head:
+            self.lm_heads = None
+            self._base_lm_head = [base_lm_head]  # a list keeps the frozen base weights out of this module's state
+        else:
+            self.lm_heads = nn.ModuleList(nn.Linear(hidden, vocab, bias=False) for _ in range(config.num_heads))
+            self._base_lm_head = [None]
+
+    @classmethod
+    def from_base(
+        cls, base_model: PreTrainedModel, num_heads: int = 4, num_layers: int = 1, share_lm_head: bool = False
+    ) -> MedusaHeads:
+        """Heads sized for ``base_model``; Medusa-1 heads start from copies of its lm_head."""
+        lm_head = base_model.get_output_embeddings()
+        config = MedusaConfig(
+            num_heads=num_heads,
+            num_layers=num_layers,
+            hidden_size=lm_head.weight.shape[1],
+            vocab_size=lm_head.weight.shape[0],
+            share_lm_head=share_lm_head,
+            base_model=base_model_info(base_model),
+        )
+        heads = cls(config, base_lm_head=lm_head if share_lm_head else None)
+        if not share_lm_head:
+            with torch.no_grad():
+                for head in heads.lm_heads:
+                    head.weight.copy_(lm_head.weight)
+        return heads.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
+
+    def attach_base(self, base_model: PreTrainedModel) -> None:
+        """Bind the base's lm_head (shared-lm_head heads need it) after checking the heads belong to this base."""
+        check_base(self.config.base_model, base_model, "these Medusa heads")
+        if self.config.share_lm_head:
+            self._base_lm_head = [base_model.get_output_embeddings()]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Logits of every head.
+
+        Args:
+            hidden_states: ``[..., H]`` the base's last hidden states (post final norm).
+
+        Returns:
+            ``[K, ..., V]``: head k's logits for the token k + 2 positions ahead.
+        """
+        outputs = []
+        for index, blocks in enumerate(self.blocks):
+            hidden = hidden_states
+            for block in blocks:
+                hidden = block(hidden)
+            outputs.append(self._project(index, hidden))
+        return torch.stack(outputs, dim=0)
+
+    def _project(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_heads is not None:
+            return self.lm_heads[index](hidden)
+        lm_head = self._base_lm_head[0]
+        if lm_head is None:
+            raise RuntimeError("shared-lm_head Medusa heads need attach_base(base_model) before use")
+        return lm_head(hidden)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write the native checkpoint: ``config.json`` + ``model.safetensors``."""
+        save_checkpoint(directory, asdict(self.config), self.state_dict())
+
+    @classmethod
+    def from_checkpoint(cls, config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> MedusaHeads:
+        fields = {k: v for k, v in config.items() if k != "specheads_version"}
+        unknown = sorted(set(fields) - set(MedusaConfig.__dataclass_fields__))
+        if unknown:
+            raise HeadCheckpointError(f"{where}: unknown Medusa config keys {unknown}")
+        heads = cls(MedusaConfig(**fields))
+        missing, unexpected = heads.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise HeadCheckpointError(
+                f"{where}: tensors do not match the config (missing {missing[:4]}, unexpected {unexpected[:4]})"
+            )
+        return heads
+
+
+def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None) -> nn.Module:
+    """Load a native head checkpoint; the head class comes from ``config.json``'s ``head_type``.
+
+    Args:
+        directory: the checkpoint directory.
+        base_model: when given, the heads are checked against it (and bound to it when they share its lm_head).
+
+    Raises:
+        HeadCheckpointError: missing, corrupt or pickled files; unknown head type; heads made for another base.
+    """
+    config, tensors = read_checkpoint(directory)
+    head_type = config.get("head_type")
+    if head_type not in HEAD_TYPES:
+        raise HeadCheckpointError(f"{directory}: unknown head_type {head_type!r}; known: {sorted(HEAD_TYPES)}")
+    heads = HEAD_TYPES[head_type].from_checkpoint(config, tensors, str(directory))
+    if base_model is not None:
+        heads.attach_base(base_model)
+        lm_head = base_model.get_output_embeddings().weight
+        heads.to(device=lm_head.device, dtype=lm_head.dtype)
+    return heads.eval()
+
+
+HEAD_TYPES: dict[str, Any] = {"medusa": MedusaHeads}
