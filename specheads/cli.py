@@ -168,6 +168,86 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(max_new_tokens=args.max_new_tokens, prompt_index=args.prompt_index, threads=args.threads)
 
 
+def _add_train(subparsers: argparse._SubParsersAction) -> None:
+    from specheads.train import add_arguments
+
+    parser = subparsers.add_parser(
+        "train",
+        help="train draft heads (one process; use `accelerate launch -m specheads.train` for several)",
+        description="Train Medusa heads on a frozen base as a recipe YAML says; key.sub=value overrides win.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(handler=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from specheads.train import run
+
+    return run(args.config, args.overrides)
+
+
+def _add_distill(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "distill",
+        help="write the base model's own responses to prompts (self-distillation data for training heads)",
+        description="Generate the base model's own response to every prompt and write one JSONL record per prompt: "
+        "id, prompt, response and text (= prompt + response, for data.format jsonl), plus conversations (for "
+        "data.format sharegpt) when the tokenizer has a chat template. An existing --out is resumed: prompts whose "
+        "id it holds are skipped. Sampled records are seeded from --seed and their id, so resuming reproduces them.",
+    )
+    parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
+    parser.add_argument("--prompts", required=True, help="JSONL prompts ('prompt' or 'conversations', unique 'id')")
+    parser.add_argument("--out", required=True, help="output JSONL file (appended to when it exists)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (left-padded)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds sampling, per record with its id")
+    parser.add_argument("--limit", type=int, help="use the first N prompts")
+    parser.add_argument("--no-chat-template", action="store_true", help="give plain prompts to the base as they are")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: where the model loads)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.set_defaults(handler=_distill)
+
+
+def _distill(args: argparse.Namespace) -> int:
+    from specheads.loading import load_causal_lm, load_tokenizer
+    from specheads.prompts import load_prompts
+    from specheads.training.distill import check_settings, check_unique_ids, distill, read_finished
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    check_settings(args.max_new_tokens, args.batch_size, args.temperature, args.top_p, args.top_k)
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    tokenizer = load_tokenizer(args.base)
+    prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
+    check_unique_ids(prompts)
+    finished = read_finished(args.out)  # before loading the model: a bad --out fails fast
+    if all(prompt.id in finished for prompt in prompts):
+        print(f"{args.out} already holds all {len(prompts)} prompts; nothing to do")
+        return 0
+    base = load_causal_lm(args.base, device=args.device)
+    written = distill(
+        base,
+        tokenizer,
+        prompts,
+        args.out,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        use_chat_template=not args.no_chat_template,
+    )
+    print(f"wrote {written} records to {args.out} ({len(prompts) - written} were already there)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``specheads`` command."""
     parser = argparse.ArgumentParser(prog="specheads", description="Lossless speculative decoding for transformers.")
@@ -175,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(subparsers)
     _add_bench(subparsers)
     _add_demo(subparsers)
+    _add_distill(subparsers)
+    _add_train(subparsers)
     return parser
 
 

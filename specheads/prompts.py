@@ -22,8 +22,18 @@ class PromptFileError(ValueError):
 
 @dataclass(frozen=True)
 class Prompt:
+    """One prompt: ``text`` is what the model is given.
+
+    Attributes:
+        id: the record's ``"id"`` (its 0-based index among the prompts when absent), as a string.
+        text: the prompt text; for a ``"conversations"`` record, the conversation rendered with the chat template.
+        conversation: for a ``"conversations"`` record, its ``(role, content)`` turns up to the last user turn
+            (roles ``user``, ``assistant``, ``system``); None for a plain ``"prompt"`` record.
+    """
+
     id: str
     text: str
+    conversation: tuple[tuple[str, str], ...] | None = None
 
 
 def load_prompts(
@@ -69,11 +79,13 @@ def _parse_line(line: str, where: str, index: int, tokenizer: PreTrainedTokenize
             raise PromptFileError(f"{where}: 'prompt' must be a non-empty string")
         return Prompt(prompt_id, text)
     if "conversations" in record:
-        return Prompt(prompt_id, _render_conversation(record["conversations"], where, tokenizer))
+        messages = _conversation_messages(record["conversations"], where, tokenizer)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return Prompt(prompt_id, text, tuple((m["role"], m["content"]) for m in messages))
     raise PromptFileError(f"{where}: no 'prompt' (or 'conversations') field")
 
 
-def _render_conversation(turns: object, where: str, tokenizer: PreTrainedTokenizerBase | None) -> str:
+def _conversation_messages(turns: object, where: str, tokenizer: PreTrainedTokenizerBase | None) -> list[dict]:
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise PromptFileError(f"{where}: 'conversations' need a tokenizer with a chat template")
     if not isinstance(turns, list) or not turns:
@@ -91,4 +103,4 @@ def _render_conversation(turns: object, where: str, tokenizer: PreTrainedTokeniz
         messages.pop()
     if not messages:
         raise PromptFileError(f"{where}: the conversation has no user turn")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return messages

@@ -22,3 +22,19 @@ def test_every_shipped_tree_resolves(name: str) -> None:
     by_path = resolve_tree(str(TREES_DIR / f"{name}.json"))
     assert by_name.num_nodes == by_path.num_nodes > 0
     assert by_name.choices == by_path.choices
+
+
+YAMLS = sorted(CONFIGS.rglob("*.yaml")) + sorted(CONFIGS.rglob("*.yml"))
+
+
+def test_there_are_recipes() -> None:
+    assert YAMLS
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_recipe_loads_through_the_schema(path: Path) -> None:
+    from specheads.training.config import load_config
+
+    config = load_config(path)
+    assert config.data.paths
+    assert config.output.dir

@@ -105,6 +105,10 @@ class MedusaHeads(nn.Module):
     def attach_base(self, base_model: PreTrainedModel) -> None:
         """Bind the base's lm_head (shared-lm_head heads need it) after checking the heads belong to this base."""
         check_base(self.config.base_model, base_model, "these Medusa heads")
+        self.bind_base(base_model)
+
+    def bind_base(self, base_model: PreTrainedModel) -> None:
+        """Use this base's lm_head (shared-lm_head heads) without checking the fingerprint (e.g. a merged LoRA)."""
         if self.config.share_lm_head:
             self._base_lm_head = [base_model.get_output_embeddings()]
 

@@ -127,7 +127,8 @@ class SpecDecoder:
             draft = load_causal_lm(draft_model, dtype=dtype, device=base_model.device, role="draft")
             drafter = DraftModelDrafter(draft, num_speculative_tokens or 5)
         elif method == "medusa":
-            drafter = MedusaDrafter(_load_medusa(heads, base_model))
+            loaded_heads, base_model = _load_medusa(heads, base_model)
+            drafter = MedusaDrafter(loaded_heads)
         elif method == "prompt-lookup":
             drafter = PromptLookupDrafter(num_speculative_tokens or 10)
         else:
@@ -395,10 +396,24 @@ def _tree_mask(tree_mask: torch.Tensor, prefix_len: int, device: torch.device) -
     return torch.cat([prefix, tree_mask], dim=1)[None, None].to(device)
 
 
-def _load_medusa(heads: str | Path | torch.nn.Module, base_model: PreTrainedModel) -> torch.nn.Module:
+def _load_medusa(
+    heads: str | Path | torch.nn.Module, base_model: PreTrainedModel
+) -> tuple[torch.nn.Module, PreTrainedModel]:
+    """Heads bound to the base; a Medusa-2 checkpoint's LoRA adapter is merged into the base first.
+
+    The heads are checked against the original base (their fingerprint), then bound to the merged one: decoding is
+    lossless relative to the fine-tuned base, which is what Medusa-2 serves.
+    """
     from specheads.heads.medusa import load_heads
 
     if isinstance(heads, torch.nn.Module):
         heads.attach_base(base_model)
-        return heads
-    return load_heads(heads, base_model)
+        return heads, base_model
+    loaded = load_heads(heads, base_model)
+    adapter = Path(heads) / "adapter"
+    if adapter.is_dir():
+        from peft import PeftModel
+
+        base_model = PeftModel.from_pretrained(base_model, str(adapter)).merge_and_unload().eval()
+        loaded.bind_base(base_model)
+    return loaded, base_model

@@ -1,0 +1,41 @@
+"""``python -m specheads.train --config recipe.yaml [key.sub=value ...]``: the entry point for ``accelerate launch``.
+
+accelerate launch -m specheads.train --config configs/default/medusa1.yaml train.steps=200
+accelerate launch --multi_gpu --num_processes 2 -m specheads.train --config ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="recipe YAML (see configs/)")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.lr=3e-4 output.dir=runs/x")
+
+
+def run(config_path: str | None, overrides: Sequence[str]) -> int:
+    from specheads.training.config import load_config
+    from specheads.training.trainer import train
+
+    config = load_config(config_path, list(overrides))
+    heads_dir = train(config)
+    print(f"heads written to {heads_dir}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specheads.train", description="Train draft heads on a frozen base.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args.config, args.overrides)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"specheads train: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The recipe schema: typed dataclasses are the schema, YAML supplies values, ``key.sub=value`` overrides win.
+
+Unknown keys are errors (with the known keys listed), so a typo never silently trains with a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A recipe that cannot be used: unknown key, wrong type, bad value, unreadable file."""
+
+
+@dataclass
+class ModelConfig:
+    base: str = "default"  # local folder, hub id, or "default" (the embedded default model)
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    tokenizer: str | None = None  # default: the base's
+
+
+@dataclass
+class HeadsConfig:
+    type: str = "medusa"
+    num_heads: int = 4
+    num_layers: int = 1
+    share_lm_head: bool = False
+
+
+@dataclass
+class DataConfig:
+    paths: list[str] = field(default_factory=list)  # files or folders
+    format: str = "text"  # sharegpt | text | jsonl
+    max_length: int = 512
+    text_field: str = "text"  # the field of jsonl records holding the text
+    chat_template: str | None = None  # a Jinja template (or a file holding one) to use instead of the tokenizer's
+    packing: bool = True  # text/jsonl: concatenate documents and cut into max_length windows
+    limit: int | None = None  # use the first N records (quick runs)
+    heldout_fraction: float = 0.0  # held out from training for evaluation, by record hash
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 1e-3
+    heads_lr_multiplier: float = 4.0  # Medusa-2: heads learn faster than the LoRA adapters
+    weight_decay: float = 0.0
+    steps: int | None = None  # optimizer steps; when None, epochs decide
+    epochs: float = 1.0
+    batch_size: int = 8  # per process, per micro-batch
+    grad_accumulation: int = 1
+    warmup_steps: int = 0
+    schedule: str = "cosine"  # cosine | linear | constant
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    resume: str = "auto"  # auto | never | a checkpoint directory
+    overwrite: bool = False  # allow writing into an output directory that holds another run
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False  # Medusa-2: train LoRA adapters on the base jointly with the heads
+    r: int = 32
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: list[str] | str = "all-linear"
+    include_lm_head: bool = False
+    stage1_steps: int = 0  # heads only for these steps, then joint training
+    lm_loss_weight: float = 1.0
+    head_weight: float = 0.2  # w0: head k's loss weighs w0 * decay^k * schedule
+    head_decay: float = 0.8
+    head_weight_warmup_steps: int = 0  # the schedule factor ramps 0 -> 1 over these steps
+    self_distillation: bool = False  # KL to the adapter-free base instead of the data's next tokens
+
+
+@dataclass
+class LogConfig:
+    tracker: str = "none"  # wandb | tensorboard | none
+    project: str = "specheads"
+    run_name: str | None = None
+    every: int = 10
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs/medusa"
+    save_every: int = 100  # optimizer steps between checkpoints (0: only at the end)
+    keep_last: int = 2
+
+
+@dataclass
+class RecipeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    heads: HeadsConfig = field(default_factory=HeadsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def validate(self) -> None:
+        """Check values that types alone do not catch."""
+        choices = {
+            "model.dtype": (self.model.dtype, {"auto", "float32", "bfloat16", "float16"}),
+            "heads.type": (self.heads.type, {"medusa"}),
+            "data.format": (self.data.format, {"sharegpt", "text", "jsonl"}),
+            "train.schedule": (self.train.schedule, {"cosine", "linear", "constant"}),
+            "log.tracker": (self.log.tracker, {"wandb", "tensorboard", "none"}),
+        }
+        for key, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise ConfigError(f"{key} is {value!r}; choose one of {sorted(allowed)}")
+        positive = {
+            "heads.num_heads": self.heads.num_heads,
+            "heads.num_layers": self.heads.num_layers,
+            "data.max_length": self.data.max_length,
+            "train.batch_size": self.train.batch_size,
+            "train.grad_accumulation": self.train.grad_accumulation,
+            "train.lr": self.train.lr,
+        }
+        for key, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"{key} must be > 0, got {value!r}")
+        if self.train.steps is not None and self.train.steps <= 0:
+            raise ConfigError(f"train.steps must be > 0, got {self.train.steps}")
+        if not self.data.paths:
+            raise ConfigError("data.paths is empty: name at least one data file or folder")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RecipeConfig:
+    """Read a recipe YAML (optional) and apply ``key.sub=value`` overrides.
+
+    Raises:
+        ConfigError: unreadable YAML, unknown keys, values of the wrong type, or invalid values.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"recipe {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"recipe {path} is not valid YAML: {error}") from error
+        if not isinstance(data, dict):
+            raise ConfigError(f"recipe {path} must be a mapping of sections")
+    for override in overrides:
+        _apply_override(data, override)
+    config = _build(RecipeConfig, data, "")
+    config.validate()
+    return config
+
+
+def _apply_override(data: dict[str, Any], override: str) -> None:
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like key.sub=value")
+    key, raw = override.split("=", 1)
+    parts = key.strip().split(".")
+    target = data
+    for part in parts[:-1]:
+        target = target.setdefault(part, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"override {override!r}: {part} is not a section")
+    target[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+
+
+def _build(cls: type, values: Any, prefix: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"section {prefix.rstrip('.') or 'root'} must be a mapping, got {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {[prefix + k for k in unknown]}; known in this section: {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in values.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value or {}, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, hint, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """Check ``value`` against a simple type hint (int, float, str, bool, list[str], X | None)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(errors[0])
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        (item,) = typing.get_args(hint)
+        return [_coerce(v, item, key) for v in value]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads "2e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    return value

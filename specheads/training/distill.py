@@ -1,0 +1,276 @@
+"""Self-distillation data: the base model's own responses to a set of prompts, as JSONL the trainer reads directly.
+
+Heads learn to predict the base's next tokens, so they are best trained on text the base itself produces rather
+than on human-written answers (Medusa, Cai et al. 2024, section 2.3.2 "self-distillation").
+
+Each output line is one JSON object:
+    ``id``, ``prompt`` (exactly the text the base was given: the chat-rendered prompt when a chat template is used),
+    ``response`` (what it generated, cut before the first EOS token) and ``text`` = ``prompt + response``, read by
+    the trainer's ``jsonl`` format; with a chat template also ``conversations`` =
+    ``[{"from": "human", "value": <raw prompt>}, {"from": "gpt", "value": response}]`` for its ``sharegpt`` format.
+
+Guarantees:
+    - Resuming: an existing output file is read first; prompts whose id it holds are skipped and the rest appended.
+      Records are flushed after every batch, so a crash loses at most one batch; a truncated last line left by a
+      crash is reported, dropped and the file rewritten without it.
+    - Greedy (temperature 0): each response is the base's own ``generate(do_sample=False)`` output for that prompt
+      alone; batching with left padding changes nothing but floating-point rounding.
+    - Sampling (temperature > 0): each record draws its tokens from its own generator seeded from ``(seed, id)``, so
+      its response does not depend on the batch size, on the other prompts, their order, ``--limit`` or on resuming
+      (up to the same floating-point rounding of batched forwards, which can move a draw only at a boundary).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
+
+from specheads.inference.sampling import SamplingParams, probabilities, sample
+from specheads.prompts import Prompt, PromptFileError
+
+logger = logging.getLogger(__name__)
+
+_SHAREGPT_FROM = {"user": "human", "assistant": "gpt", "system": "system"}
+
+
+@dataclass(frozen=True)
+class _ModelInput:
+    text: str  # what the base is given
+    templated: bool  # rendered with a chat template (which brings its own special tokens)
+    turns: list[dict[str, str]] | None  # ShareGPT turns before the response; None without a chat template
+
+
+def check_settings(
+    max_new_tokens: int, batch_size: int, temperature: float, top_p: float = 1.0, top_k: int = 0
+) -> SamplingParams:
+    """Validate the generation settings; raise ``ValueError`` with the offending option."""
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def check_unique_ids(prompts: Sequence[Prompt]) -> None:
+    """Raise ``PromptFileError`` (a ``ValueError``) naming the first id that appears twice."""
+    seen: set[str] = set()
+    for prompt in prompts:
+        if prompt.id in seen:
+            raise PromptFileError(
+                f"prompt id {prompt.id!r} appears more than once; distill needs unique ids to resume "
+                "(records without an 'id' get their 0-based index)"
+            )
+        seen.add(prompt.id)
+
+
+def read_finished(out_path: str | Path) -> set[str]:
+    """The ids already in a distillation output file (empty when it does not exist).
+
+    A last line that is not valid JSON (a crash mid-write) is reported, dropped and the file rewritten without it;
+    a bad line elsewhere, a record without ``"id"`` or a repeated id raise ``ValueError`` naming ``file:line``.
+    """
+    path = Path(out_path)
+    if not path.exists():
+        return set()
+    chunks = path.read_bytes().split(b"\n")
+    ends_with_newline = chunks[-1] == b""
+    if ends_with_newline:
+        chunks.pop()
+    finished: set[str] = set()
+    kept: list[bytes] = []
+    for number, chunk in enumerate(chunks, start=1):
+        if not chunk.strip():
+            continue
+        try:
+            record = json.loads(chunk.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            if number < len(chunks):
+                raise ValueError(f"{path}:{number}: not valid JSON ({error}); not a distill output?") from error
+            logger.warning("%s:%d: dropping a truncated last line (an interrupted run); regenerating it", path, number)
+            continue
+        if not isinstance(record, dict) or "id" not in record:
+            raise ValueError(f"{path}:{number}: not a distill record (a JSON object with an 'id')")
+        record_id = str(record["id"])
+        if record_id in finished:
+            raise ValueError(f"{path}:{number}: id {record_id!r} appears twice")
+        finished.add(record_id)
+        kept.append(chunk)
+    if len(kept) != len(chunks) or (chunks and not ends_with_newline):
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_bytes(b"".join(chunk + b"\n" for chunk in kept))
+        os.replace(temporary, path)
+    return finished
+
+
+def record_seed(seed: int, prompt_id: str) -> int:
+    """The seed of one record's sampling generator: a stable hash of ``(seed, id)``."""
+    digest = hashlib.sha256(f"{seed}\0{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+class PerRowSampler(LogitsProcessor):
+    """Sample each batch row with its own ``torch.Generator``, so a row's tokens do not depend on its batch.
+
+    transformers' sampling draws the whole batch from one global generator; here greedy ``generate`` runs with this
+    processor last, which draws each row's token (temperature, top-k, top-p as in
+    :func:`specheads.inference.sampling.warp_logits`) and leaves only that token finite for the argmax to pick.
+    """
+
+    def __init__(self, params: SamplingParams, seeds: Sequence[int]) -> None:
+        self.params = params
+        self.seeds = list(seeds)
+        self.generators: list[torch.Generator] | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.generators is None:
+            self.generators = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
+        probs = probabilities(scores, self.params)  # [B, V]
+        chosen = torch.stack([sample(probs[row], gen) for row, gen in enumerate(self.generators)])  # [B]
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter_(1, chosen[:, None], 0.0)
+
+
+def distill(
+    base_model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[Prompt],
+    out_path: str | Path,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    batch_size: int = 8,
+    seed: int = 0,
+    progress: bool = True,
+    use_chat_template: bool = True,
+) -> int:
+    """Generate the base's own response to every prompt not yet in ``out_path`` and append the records.
+
+    Args:
+        base_model: the base, in eval mode.
+        tokenizer: its tokenizer; a chat template (unless ``use_chat_template`` is False) wraps plain prompts.
+        prompts: prompts with unique ids (see :func:`specheads.prompts.load_prompts`).
+        out_path: the JSONL output; an existing file is resumed (see the module docstring).
+        max_new_tokens: at most this many generated tokens per response.
+        temperature: 0 is greedy; otherwise sampled with ``top_p`` / ``top_k`` (0 disables top-k).
+        batch_size: prompts per ``generate`` call (left-padded).
+        seed: with ``id``, seeds each record's sampling generator.
+        progress: show a tqdm bar over the prompts.
+        use_chat_template: render plain prompts with the tokenizer's chat template when it has one.
+
+    Returns:
+        The number of records written by this call.
+    """
+    params = check_settings(max_new_tokens, batch_size, temperature, top_p, top_k)
+    check_unique_ids(prompts)
+    out_path = Path(out_path)
+    finished = read_finished(out_path)
+    todo = [prompt for prompt in prompts if prompt.id not in finished]
+    stop_ids = _stop_token_ids(base_model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop_ids or [None])[0]
+    if pad_id is None:
+        raise ValueError("the tokenizer has neither a pad token nor an EOS token to pad batches with")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    done = len(prompts) - len(todo)
+    bar = tqdm(total=len(prompts), initial=done, desc="distill", unit="prompt", disable=not progress)
+    written = 0
+    with out_path.open("a", encoding="utf-8") as handle, bar:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            inputs = [_model_input(prompt, tokenizer, use_chat_template) for prompt in batch]
+            sampler = None if params.greedy else PerRowSampler(params, [record_seed(seed, p.id) for p in batch])
+            new_tokens = _generate_batch(
+                base_model, tokenizer, inputs, max_new_tokens, stop_ids, pad_id, sampler, [p.id for p in batch]
+            )
+            for prompt, model_input, tokens in zip(batch, inputs, new_tokens, strict=True):
+                response = tokenizer.decode(tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                handle.write(json.dumps(_record(prompt, model_input, response), ensure_ascii=False) + "\n")
+            handle.flush()  # a crash loses at most this batch
+            os.fsync(handle.fileno())
+            written += len(batch)
+            bar.update(len(batch))
+    return written
+
+
+@torch.inference_mode()
+def _generate_batch(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    inputs: Sequence[_ModelInput],
+    max_new_tokens: int,
+    stop_ids: list[int],
+    pad_id: int,
+    sampler: LogitsProcessor | None,
+    ids: Sequence[str],
+) -> list[list[int]]:
+    """One left-padded ``generate`` call; returns each row's new tokens, cut before the first stop token."""
+    encoded = []
+    for model_input, prompt_id in zip(inputs, ids, strict=True):
+        # A chat template renders the special tokens (BOS, ...) itself; a plain prompt gets the tokenizer's.
+        token_ids = tokenizer(model_input.text, add_special_tokens=not model_input.templated)["input_ids"]
+        if not token_ids:
+            raise ValueError(f"prompt {prompt_id!r} encodes to no tokens")
+        encoded.append(token_ids)
+    width = max(len(token_ids) for token_ids in encoded)
+    input_ids = torch.tensor([[pad_id] * (width - len(t)) + t for t in encoded], device=model.device)  # [B, T]
+    attention_mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in encoded], device=model.device)
+    output = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,  # sampling, when asked for, is PerRowSampler's; the model's own sampling defaults do not apply
+        num_beams=1,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        eos_token_id=stop_ids or None,
+        pad_token_id=pad_id,
+        logits_processor=LogitsProcessorList([sampler]) if sampler is not None else None,
+        return_dict_in_generate=False,
+    )
+    return [_cut_at_stop(row.tolist(), stop_ids) for row in output[:, width:]]  # [B, new] -> lists
+
+
+def _stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The base's EOS ids: its generation config's, else the tokenizer's (as the decoder does)."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def _cut_at_stop(tokens: list[int], stop_ids: list[int]) -> list[int]:
+    # Only the first stop token ends a response: generate pads finished rows after it, and a pad id may be a real token.
+    for index, token in enumerate(tokens):
+        if token in stop_ids:
+            return tokens[:index]
+    return tokens
+
+
+def _model_input(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, use_chat_template: bool) -> _ModelInput:
+    if prompt.conversation is not None:  # a "conversations" record, already rendered by load_prompts
+        turns = [{"from": _SHAREGPT_FROM[role], "value": content} for role, content in prompt.conversation]
+        return _ModelInput(prompt.text, True, turns)
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": prompt.text}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return _ModelInput(text, True, [{"from": "human", "value": prompt.text}])
+    return _ModelInput(prompt.text, False, None)
+
+
+def _record(prompt: Prompt, model_input: _ModelInput, response: str) -> dict:
+    record = {"id": prompt.id, "prompt": model_input.text, "response": response, "text": model_input.text + response}
+    if model_input.turns is not None:
+        record["conversations"] = [*model_input.turns, {"from": "gpt", "value": response}]
+    return record

@@ -1,0 +1,390 @@
+"""Head training with Accelerate: ``setup -> train -> cleanup``, shared by every head type.
+
+Medusa-1: the base is frozen (eval mode, no gradients) and runs once per batch for all heads; only the heads learn.
+Medusa-2 (``lora.enabled``): peft LoRA adapters on the base learn jointly with the heads under
+``L = lm_w * L_LM + sum_k w0 * decay^k * schedule * L_k`` (heads only during ``lora.stage1_steps``).
+
+Accelerate owns processes, devices, mixed precision, trackers and ``save_state``/``load_state``. A checkpoint is
+written into a hidden temporary directory and renamed into place once complete, so a crash mid-write never leaves a
+checkpoint that looks complete; ``train.resume=auto`` continues from the newest one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from specheads.heads.medusa import MedusaHeads
+from specheads.loading import load_causal_lm, load_tokenizer
+from specheads.training.config import ConfigError, RecipeConfig
+from specheads.training.data import build_dataset
+from specheads.training.losses import distillation_loss, lm_loss, medusa2_head_weights, medusa_loss
+
+CHECKPOINTS = "checkpoints"
+RUN_CONFIG = "run_config.json"
+TRAINER_STATE = "trainer_state.json"
+
+
+@dataclass
+class Run:
+    """Everything ``train`` carries between setup, the loop and cleanup."""
+
+    config: RecipeConfig
+    accelerator: Accelerator
+    base: torch.nn.Module
+    heads: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    dataloader: Any
+    total_steps: int
+    batches_per_epoch: int
+    output: Path
+    step: int = 0  # optimizer steps done
+    batches_seen: int = 0  # micro-batches consumed on each process (decides the epoch and the resume position)
+
+
+def train(config: RecipeConfig) -> Path:
+    """Train heads as the recipe says; returns the directory of the exported heads."""
+    run = setup(config)
+    train_loop(run)
+    return cleanup(run)
+
+
+# ---------------------------------------------------------------------------------------------------- setup
+def setup(config: RecipeConfig) -> Run:
+    output = Path(config.output.dir)
+    accelerator = _accelerator(config, output)
+    set_seed(config.train.seed)
+    _guard_output_dir(config, output, accelerator)
+    tokenizer = load_tokenizer(config.model.tokenizer or config.model.base)
+    base = load_causal_lm(config.model.base, dtype=_dtype(config.model.dtype), device=accelerator.device)
+    heads = MedusaHeads.from_base(
+        base,
+        num_heads=config.heads.num_heads,
+        num_layers=config.heads.num_layers,
+        share_lm_head=config.heads.share_lm_head,
+    ).float()
+    base = _prepare_base(config, base)
+    with accelerator.main_process_first():
+        data_config = dataclasses.replace(config.data, paths=expand_data_paths(config.data.paths))
+        dataset = build_dataset(data_config, tokenizer).with_format("torch")
+    generator = torch.Generator().manual_seed(config.train.seed)
+    dataloader = torch.utils.data.DataLoader(
+        dataset, batch_size=config.train.batch_size, shuffle=True, drop_last=True, generator=generator
+    )
+    if len(dataloader) == 0:
+        raise ConfigError(f"the data gives {len(dataset)} rows, fewer than one batch of {config.train.batch_size}")
+    optimizer = torch.optim.AdamW(_param_groups(config, base, heads), weight_decay=config.train.weight_decay)
+    batches_per_epoch = math.ceil(len(dataloader) / accelerator.num_processes)  # per process, after prepare
+    total_steps = config.train.steps or max(
+        1, int(config.train.epochs * batches_per_epoch / config.train.grad_accumulation)
+    )
+    scheduler = get_scheduler(
+        config.train.schedule, optimizer, num_warmup_steps=config.train.warmup_steps, num_training_steps=total_steps
+    )
+    # The scheduler stays unprepared: it steps once per optimizer step whatever the number of processes.
+    if config.lora.enabled:
+        base, heads, optimizer, dataloader = accelerator.prepare(base, heads, optimizer, dataloader)
+    else:
+        heads, optimizer, dataloader = accelerator.prepare(heads, optimizer, dataloader)
+    run = Run(
+        config, accelerator, base, heads, optimizer, scheduler, dataloader, total_steps, batches_per_epoch, output
+    )
+    _resume(run)
+    return run
+
+
+def expand_data_paths(paths: list[str]) -> list[str]:
+    """Replace ``default-corpus:train`` / ``default-corpus:heldout`` by the embedded default model's corpus files."""
+    expanded = []
+    for path in paths:
+        if path.startswith("default-corpus:"):
+            from specheads.assets import corpus
+
+            split = path.split(":", 1)[1]
+            if split not in ("train", "heldout"):
+                raise ConfigError(f"data path {path!r}: use default-corpus:train or default-corpus:heldout")
+            loaded = corpus.load_corpus()
+            expanded.extend(str(Path(loaded.root) / item.relpath) for item in getattr(loaded, split))
+        else:
+            expanded.append(path)
+    return expanded
+
+
+def _accelerator(config: RecipeConfig, output: Path) -> Accelerator:
+    tracker = None if config.log.tracker == "none" else config.log.tracker
+    if tracker == "wandb" and not os.environ.get("WANDB_API_KEY"):
+        os.environ.setdefault("WANDB_MODE", "offline")  # no key: log locally, sync later with `wandb sync`
+    mixed = {"bfloat16": "bf16", "float16": "fp16"}.get(config.model.dtype, "no") if torch.cuda.is_available() else "no"
+    accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(),  # without it, CPU processes under `accelerate launch` train alone
+        gradient_accumulation_steps=config.train.grad_accumulation,
+        # Shuffling seeded by (seed, epoch): a resumed run sees exactly the batches an uninterrupted one would.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.train.seed),
+        mixed_precision=mixed,
+        log_with=tracker,
+        project_dir=str(output),
+    )
+    if tracker is not None:
+        accelerator.init_trackers(
+            config.log.project,
+            config=_flatten(config.to_dict()),
+            init_kwargs={"wandb": {"name": config.log.run_name}} if tracker == "wandb" else {},
+        )
+    return accelerator
+
+
+def _prepare_base(config: RecipeConfig, base: torch.nn.Module) -> torch.nn.Module:
+    base.requires_grad_(False)
+    if not config.lora.enabled:
+        return base.eval()
+    from peft import LoraConfig, get_peft_model
+
+    targets = config.lora.target_modules
+    lora = LoraConfig(
+        r=config.lora.r,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+        modules_to_save=None if not config.lora.include_lm_head else ["lm_head"],
+    )
+    return get_peft_model(base, lora)
+
+
+def _param_groups(config: RecipeConfig, base: torch.nn.Module, heads: torch.nn.Module) -> list[dict[str, Any]]:
+    head_lr = config.train.lr * (config.train.heads_lr_multiplier if config.lora.enabled else 1.0)
+    groups = [{"params": [p for p in heads.parameters() if p.requires_grad], "lr": head_lr}]
+    if config.lora.enabled:
+        groups.append({"params": [p for p in base.parameters() if p.requires_grad], "lr": config.train.lr})
+    return groups
+
+
+def _dtype(name: str) -> str | torch.dtype:
+    return name if name == "auto" else getattr(torch, name)
+
+
+# ---------------------------------------------------------------------------------------------------- the loop
+def train_loop(run: Run) -> None:
+    """Optimizer steps until ``total_steps``; checkpoints every ``output.save_every`` steps."""
+    config, accelerator = run.config, run.accelerator
+    progress = tqdm(total=run.total_steps, initial=run.step, desc="train", disable=not accelerator.is_main_process)
+    started, tokens = time.perf_counter(), 0
+    models = (run.heads, run.base) if config.lora.enabled else (run.heads,)
+    while run.step < run.total_steps:
+        epoch, consumed = divmod(run.batches_seen, run.batches_per_epoch)
+        run.dataloader.set_epoch(epoch)
+        batches = accelerator.skip_first_batches(run.dataloader, consumed) if consumed else run.dataloader
+        for batch in batches:
+            with accelerator.accumulate(*models):
+                metrics = _train_batch(run, batch)
+            run.batches_seen += 1
+            tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
+            if not accelerator.sync_gradients:
+                continue
+            run.step += 1
+            progress.update(1)
+            progress.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['head_0/top1']:.2f}")
+            if run.step % config.log.every == 0 or run.step == run.total_steps:
+                metrics.update(
+                    lr=run.scheduler.get_last_lr()[0], tokens_per_s=tokens / max(time.perf_counter() - started, 1e-9)
+                )
+                accelerator.log(metrics, step=run.step)
+            if config.output.save_every and run.step % config.output.save_every == 0:
+                save_checkpoint(run)
+            if run.step >= run.total_steps:
+                break
+    progress.close()
+
+
+def _train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    config = run.config
+    input_ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+    joint = config.lora.enabled and run.step >= config.lora.stage1_steps
+    with torch.set_grad_enabled(joint):
+        out = run.base(
+            input_ids=input_ids,
+            attention_mask=attention,
+            output_hidden_states=True,
+            logits_to_keep=0 if config.lora.enabled else 1,
+        )
+    hidden = out.hidden_states[-1].float()  # [B, T, H] the state the base's lm_head reads
+    head_losses = medusa_loss(run.heads(hidden), input_ids, loss_mask)
+    if config.lora.enabled:
+        ramp = config.lora.head_weight_warmup_steps
+        schedule = min(1.0, (run.step + 1) / ramp) if ramp else 1.0
+        weights = medusa2_head_weights(
+            len(head_losses.loss), config.lora.head_weight, config.lora.head_decay, schedule
+        ).to(head_losses.loss.device)
+        loss = (weights * head_losses.loss).sum()
+        if joint:
+            loss = loss + config.lora.lm_loss_weight * _base_loss(run, out.logits, input_ids, attention, loss_mask)
+    else:
+        loss = head_losses.loss.sum()  # Medusa-1: the heads' losses add up
+    run.accelerator.backward(loss)
+    if run.accelerator.sync_gradients:
+        run.accelerator.clip_grad_norm_(
+            [p for g in run.optimizer.param_groups for p in g["params"]], run.config.train.max_grad_norm
+        )
+    run.optimizer.step()  # the prepared optimizer skips the step while gradients accumulate
+    if run.accelerator.sync_gradients:
+        run.scheduler.step()
+    run.optimizer.zero_grad()
+    metrics = {"loss": float(loss.detach())}
+    for head in range(len(head_losses.loss)):
+        metrics[f"head_{head}/loss"] = float(head_losses.loss[head].detach())
+        metrics[f"head_{head}/top1"] = float(head_losses.top1[head])
+        metrics[f"head_{head}/top5"] = float(head_losses.top5[head])
+    return metrics
+
+
+def _base_loss(
+    run: Run, logits: torch.Tensor, input_ids: torch.Tensor, attention: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
+    if not run.config.lora.self_distillation:
+        return lm_loss(logits, input_ids, loss_mask)
+    model = run.accelerator.unwrap_model(run.base)
+    with torch.no_grad(), model.disable_adapter():
+        teacher = model(input_ids=input_ids, attention_mask=attention).logits
+    return distillation_loss(logits, teacher, loss_mask)
+
+
+# ---------------------------------------------------------------------------------------------------- checkpoints
+def save_checkpoint(run: Run) -> Path:
+    """``save_state`` into ``.tmp-step-N``, then rename to ``step-N``: a visible checkpoint is always complete."""
+    accelerator = run.accelerator
+    root = run.output / CHECKPOINTS
+    final, temporary = root / f"step-{run.step:08d}", root / f".tmp-step-{run.step:08d}"
+    if accelerator.is_main_process:
+        shutil.rmtree(temporary, ignore_errors=True)
+        temporary.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(temporary))
+    checksums = heads_checksums(run)
+    if accelerator.is_main_process:
+        state = {
+            "step": run.step,
+            "batches_seen": run.batches_seen,
+            "scheduler": run.scheduler.state_dict(),
+            "world_size": accelerator.num_processes,
+            "heads_checksum_by_rank": checksums,
+        }
+        (temporary / TRAINER_STATE).write_text(json.dumps(state) + "\n")
+        (temporary / RUN_CONFIG).write_text(json.dumps(run.config.to_dict(), indent=2) + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(temporary, final)
+        for old in sorted(root.glob("step-*"))[: -run.config.output.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def heads_checksums(run: Run) -> list[float]:
+    """A checksum of the heads' parameters on every process (they must agree: a desync shows here)."""
+    heads = run.accelerator.unwrap_model(run.heads)
+    local = torch.stack([p.detach().double().sum() for p in heads.parameters()]).sum()
+    return run.accelerator.gather(local.reshape(1).to(run.accelerator.device)).tolist()
+
+
+def latest_checkpoint(output: Path) -> Path | None:
+    """The newest complete checkpoint (temporary directories are never considered)."""
+    candidates = sorted(p for p in (output / CHECKPOINTS).glob("step-*") if (p / TRAINER_STATE).is_file())
+    return candidates[-1] if candidates else None
+
+
+def _resume(run: Run) -> None:
+    resume = run.config.train.resume
+    if resume == "never":
+        return
+    checkpoint = latest_checkpoint(run.output) if resume == "auto" else Path(resume)
+    if checkpoint is None:
+        return
+    if not (checkpoint / TRAINER_STATE).is_file():
+        raise ConfigError(f"train.resume={resume}: {checkpoint} is not a complete specheads checkpoint")
+    run.accelerator.load_state(str(checkpoint))
+    state = json.loads((checkpoint / TRAINER_STATE).read_text())
+    run.step, run.batches_seen = state["step"], state["batches_seen"]
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.accelerator.print(f"resumed from {checkpoint} at step {run.step}")
+
+
+def _guard_output_dir(config: RecipeConfig, output: Path, accelerator: Accelerator) -> None:
+    """Refuse an output directory that holds another run, unless told to overwrite it."""
+    recorded = output / RUN_CONFIG
+    current = _run_identity(config.to_dict())
+    if recorded.is_file() and _run_identity(json.loads(recorded.read_text())) != current:
+        if not config.train.overwrite:
+            raise ConfigError(
+                f"{output} holds a different run (its {RUN_CONFIG} differs); choose another "
+                "output.dir or set train.overwrite=true to replace it"
+            )
+        if accelerator.is_main_process:
+            shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
+    elif recorded.is_file() and config.train.resume == "never" and latest_checkpoint(output) is not None:
+        if not config.train.overwrite:
+            raise ConfigError(
+                f"{output} holds checkpoints and train.resume=never; set train.resume=auto to "
+                "continue or train.overwrite=true to start over"
+            )
+        if accelerator.is_main_process:
+            shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        output.mkdir(parents=True, exist_ok=True)
+        recorded.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+
+
+def _run_identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a recipe that define a run (how often it logs or saves, or whether it resumes, do not)."""
+    identity = json.loads(json.dumps(config))
+    identity.get("train", {}).pop("resume", None)
+    identity.get("train", {}).pop("overwrite", None)
+    identity.pop("log", None)
+    identity.get("output", {}).pop("save_every", None)
+    identity.get("output", {}).pop("keep_last", None)
+    return identity
+
+
+# ---------------------------------------------------------------------------------------------------- cleanup
+def cleanup(run: Run) -> Path:
+    """Export the final heads (and the LoRA adapter) in the native format; close the trackers."""
+    accelerator = run.accelerator
+    accelerator.wait_for_everyone()
+    target = run.output / "heads"
+    checksums = heads_checksums(run)
+    if accelerator.is_main_process:
+        summary = {"step": run.step, "world_size": accelerator.num_processes, "heads_checksum_by_rank": checksums}
+        (run.output / "final_state.json").write_text(json.dumps(summary) + "\n")
+        heads = accelerator.unwrap_model(run.heads)
+        heads.save_pretrained(target)
+        if run.config.lora.enabled:
+            accelerator.unwrap_model(run.base).save_pretrained(str(target / "adapter"))
+        (target / "recipe.json").write_text(json.dumps(run.config.to_dict(), indent=2) + "\n")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return target
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = (
+                value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+            )
+    return flat

@@ -1,0 +1,315 @@
+"""build_dataset: files -> fixed-length rows of input_ids, attention_mask and loss_mask."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import tiny_tokenizer
+
+from specheads.training.config import DataConfig
+from specheads.training.data import DataError, build_dataset
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+EOS, PAD = 1, 0
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer():
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    return write(path, "".join(json.dumps(record) + "\n" for record in records))
+
+
+def masked_spans(tokenizer, row: dict, mask: str = "loss_mask") -> list[str]:
+    """The runs of consecutive tokens with ``row[mask] == 1``, decoded."""
+    spans, current = [], []
+    for token, flag in zip(row["input_ids"], row[mask], strict=True):
+        if flag:
+            current.append(token)
+        elif current:
+            spans.append(current)
+            current = []
+    if current:
+        spans.append(current)
+    return [tokenizer.decode(span) for span in spans]
+
+
+# --------------------------------------------------------------------------------------------------- text and jsonl
+
+
+def test_packing_cuts_exact_windows_across_documents(tmp_path, tokenizer):
+    write(tmp_path / "a.txt", "abcdef")
+    write(tmp_path / "b.txt", "ghijk")
+    config = DataConfig(paths=[str(tmp_path)], format="text", max_length=4)
+    rows = build_dataset(config, tokenizer)
+    stream = ids(tokenizer, "abcdef") + [EOS] + ids(tokenizer, "ghijk") + [EOS]  # 13 tokens: 3 windows + 1 dropped
+    assert len(rows) == 3
+    assert [row["input_ids"] for row in rows] == [stream[0:4], stream[4:8], stream[8:12]]
+    assert all(row["attention_mask"] == [1] * 4 and row["loss_mask"] == [1] * 4 for row in rows)
+
+
+def test_folder_is_recursive_sorted_and_skips_hidden_and_binary(tmp_path, tokenizer):
+    write(tmp_path / "b.md", "B")
+    write(tmp_path / "a" / "z.py", "A")
+    write(tmp_path / ".hidden", "H")
+    write(tmp_path / ".git" / "config", "G")
+    (tmp_path / "blob.bin").write_bytes(b"\xff\xfe\x00")
+    config = DataConfig(paths=[str(tmp_path)], format="text", max_length=6, packing=False)
+    rows = build_dataset(config, tokenizer)
+    assert [tokenizer.decode(row["input_ids"], skip_special_tokens=True) for row in rows] == ["A", "B"]
+
+
+def test_jsonl_text_field_without_packing_pads_and_truncates(tmp_path, tokenizer):
+    write(
+        tmp_path / "data.jsonl",
+        json.dumps({"body": "abc", "text": "ignored"}) + "\n\n" + json.dumps({"body": "abcdefghij"}) + "\n",
+    )
+    config = DataConfig(paths=[str(tmp_path / "data.jsonl")], format="jsonl", text_field="body", max_length=6)
+    config.packing = False
+    rows = build_dataset(config, tokenizer)
+    assert rows[0]["input_ids"] == ids(tokenizer, "abc") + [EOS, PAD, PAD]
+    assert rows[0]["attention_mask"] == [1, 1, 1, 1, 0, 0]
+    assert rows[0]["loss_mask"] == [1, 1, 1, 1, 0, 0]
+    assert rows[1]["input_ids"] == ids(tokenizer, "abcdef")
+    assert rows[1]["attention_mask"] == rows[1]["loss_mask"] == [1] * 6
+
+
+def test_jsonl_folder_reads_only_jsonl_files(tmp_path, tokenizer):
+    write_jsonl(tmp_path / "one.jsonl", [{"text": "one"}])
+    write(tmp_path / "notes.txt", "not json")
+    rows = build_dataset(DataConfig(paths=[str(tmp_path)], format="jsonl", max_length=8, packing=False), tokenizer)
+    assert [tokenizer.decode(row["input_ids"], skip_special_tokens=True) for row in rows] == ["one"]
+
+
+def test_limit_keeps_the_first_records(tmp_path, tokenizer):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": f"doc{i}"} for i in range(10)])
+    config = DataConfig(paths=[str(tmp_path)], format="jsonl", max_length=8, packing=False, limit=3)
+    rows = build_dataset(config, tokenizer)
+    assert [tokenizer.decode(row["input_ids"], skip_special_tokens=True) for row in rows] == ["doc0", "doc1", "doc2"]
+
+
+def test_heldout_split_is_disjoint_complete_and_deterministic(tmp_path, tokenizer):
+    texts = [f"document {i}" for i in range(40)]
+    write_jsonl(tmp_path / "data.jsonl", [{"text": text} for text in texts])
+    config = DataConfig(paths=[str(tmp_path)], format="jsonl", max_length=16, packing=False, heldout_fraction=0.25)
+
+    def decoded(split: str) -> list[str]:
+        rows = build_dataset(config, tokenizer, split=split)
+        return [tokenizer.decode(row["input_ids"], skip_special_tokens=True) for row in rows]
+
+    train, heldout = decoded("train"), decoded("heldout")
+    assert train and heldout
+    assert not set(train) & set(heldout)
+    assert sorted(train + heldout) == sorted(texts)
+    assert decoded("train") == train and decoded("heldout") == heldout
+    # The split depends on the record alone, not on its position: reversing the file keeps the held-out set.
+    write_jsonl(tmp_path / "data.jsonl", [{"text": text} for text in reversed(texts)])
+    assert sorted(decoded("heldout")) == sorted(heldout)
+
+
+def test_same_inputs_give_same_rows(tmp_path, tokenizer):
+    write(tmp_path / "a.txt", "the quick brown fox jumps over the lazy dog")
+    config = DataConfig(paths=[str(tmp_path)], format="text", max_length=8)
+    assert build_dataset(config, tokenizer).to_list() == build_dataset(config, tokenizer).to_list()
+
+
+# ---------------------------------------------------------------------------------------------------- conversations
+
+CONVERSATION = [
+    {"from": "system", "value": "Be brief."},
+    {"from": "human", "value": "Hello"},
+    {"from": "gpt", "value": "Hi there."},
+    {"from": "human", "value": "Bye"},
+    {"from": "gpt", "value": "Bye."},
+]
+ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
+MESSAGES = [{"role": ROLES[turn["from"]], "content": turn["value"]} for turn in CONVERSATION]
+
+
+def test_sharegpt_loss_mask_covers_exactly_assistant_content_and_end_marker(tmp_path, chat_tokenizer):
+    write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION}])
+    rows = build_dataset(DataConfig(paths=[str(tmp_path)], format="sharegpt", max_length=128), chat_tokenizer)
+    (row,) = rows.to_list()
+    assert masked_spans(chat_tokenizer, row) == ["Hi there.<|im_end|>", "Bye.<|im_end|>"]
+    rendered = chat_tokenizer.apply_chat_template(MESSAGES, tokenize=False)
+    assert masked_spans(chat_tokenizer, row, "attention_mask") == [rendered]
+    length = sum(row["attention_mask"])
+    assert row["input_ids"][length:] == [PAD] * (128 - length)
+    assert not any(row["loss_mask"][length:])
+
+
+def test_sharegpt_role_content_json_list_matches_from_value_jsonl(tmp_path, chat_tokenizer):
+    write_jsonl(tmp_path / "a" / "chat.jsonl", [{"conversations": CONVERSATION}])
+    write(tmp_path / "b" / "chat.json", json.dumps([{"conversations": MESSAGES}], indent=2))
+    first = build_dataset(DataConfig(paths=[str(tmp_path / "a")], format="sharegpt", max_length=96), chat_tokenizer)
+    second = build_dataset(DataConfig(paths=[str(tmp_path / "b")], format="sharegpt", max_length=96), chat_tokenizer)
+    assert first.to_list() == second.to_list()
+
+
+def test_template_without_generation_prompt_keeps_the_header_out(tmp_path, chat_tokenizer):
+    no_generation_prompt = CHATML.split("{% if")[0]
+    write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION}])
+    config = DataConfig(paths=[str(tmp_path)], format="sharegpt", max_length=128, chat_template=no_generation_prompt)
+    (row,) = build_dataset(config, chat_tokenizer).to_list()
+    assert masked_spans(chat_tokenizer, row) == ["Hi there.<|im_end|>", "Bye.<|im_end|>"]
+
+
+def test_config_chat_template_file_overrides_the_tokenizers(tmp_path, chat_tokenizer):
+    template = "{% for m in messages %}[{{ m['role'] }}]: {{ m['content'] }}\n{% endfor %}"
+    template += "{% if add_generation_prompt %}[assistant]: {% endif %}"
+    template_file = write(tmp_path / "template.jinja", template)
+    write_jsonl(tmp_path / "data" / "chat.jsonl", [{"conversations": CONVERSATION}])
+    config = DataConfig(
+        paths=[str(tmp_path / "data")], format="sharegpt", max_length=128, chat_template=str(template_file)
+    )
+    (row,) = build_dataset(config, chat_tokenizer).to_list()
+    assert tokenizer_text(chat_tokenizer, row).startswith("[system]: Be brief.\n[user]: Hello\n[assistant]: ")
+    assert masked_spans(chat_tokenizer, row) == ["Hi there.", "Bye."]
+
+
+def tokenizer_text(tokenizer, row: dict) -> str:
+    return tokenizer.decode([t for t, a in zip(row["input_ids"], row["attention_mask"], strict=True) if a])
+
+
+def test_rows_whose_targets_are_truncated_away_are_dropped(tmp_path, chat_tokenizer):
+    long_prompt = [{"from": "human", "value": "x" * 50}, {"from": "gpt", "value": "ok"}]
+    short = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ok"}]
+    write_jsonl(tmp_path / "chat.jsonl", [{"conversations": long_prompt}, {"conversations": short}])
+    rows = build_dataset(DataConfig(paths=[str(tmp_path)], format="sharegpt", max_length=32), chat_tokenizer)
+    assert len(rows) == 1
+    assert masked_spans(chat_tokenizer, rows[0]) == ["ok<|im_end|>"]
+
+
+def test_template_that_is_not_prefix_stable_is_refused(tmp_path, chat_tokenizer):
+    unstable = (
+        "{% for m in messages %}{% if loop.last %}LAST {% endif %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    )
+    write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION}])
+    config = DataConfig(paths=[str(tmp_path)], format="sharegpt", max_length=128, chat_template=unstable)
+    with pytest.raises(DataError, match=r"chat\.jsonl:1: the chat template is not prefix-stable"):
+        build_dataset(config, chat_tokenizer)
+
+
+# ------------------------------------------------------------------------------------------------------- bad inputs
+
+
+def test_missing_path(tmp_path, tokenizer):
+    with pytest.raises(DataError, match=r"data path .*nowhere\.txt does not exist"):
+        build_dataset(DataConfig(paths=[str(tmp_path / "nowhere.txt")]), tokenizer)
+
+
+def test_empty_folder(tmp_path, tokenizer):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"data folder .*empty holds no"):
+        build_dataset(DataConfig(paths=[str(tmp_path / "empty")]), tokenizer)
+
+
+def test_no_records(tmp_path, tokenizer):
+    write(tmp_path / "blank.jsonl", "\n\n")
+    with pytest.raises(DataError, match="no records found"):
+        build_dataset(DataConfig(paths=[str(tmp_path)], format="jsonl"), tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", r"data\.jsonl:3: not valid JSON"),
+        ('["a list"]', r"data\.jsonl:3: each line must be a JSON object"),
+        ('{"body": "x"}', r"data\.jsonl:3: no 'text' field"),
+        ('{"text": 7}', r"data\.jsonl:3: field 'text' must be a string"),
+    ],
+)
+def test_malformed_jsonl_line_names_file_and_line(tmp_path, tokenizer, line, message):
+    write(tmp_path / "data.jsonl", '{"text": "fine"}\n\n' + line + "\n")
+    with pytest.raises(DataError, match=message):
+        build_dataset(DataConfig(paths=[str(tmp_path)], format="jsonl"), tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"text": "no turns"}, r"chat\.jsonl:2: no 'conversations'"),
+        ({"conversations": [{"from": "robot", "value": "x"}]}, r"chat\.jsonl:2: turn 0 has role 'robot'"),
+        ({"conversations": [{"from": "human"}]}, r"chat\.jsonl:2: turn 0 needs a string 'value'"),
+        ({"conversations": ["hello"]}, r"chat\.jsonl:2: turn 0 must be an object"),
+    ],
+)
+def test_malformed_sharegpt_record_names_file_and_line(tmp_path, chat_tokenizer, record, message):
+    write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION}, record])
+    with pytest.raises(DataError, match=message):
+        build_dataset(DataConfig(paths=[str(tmp_path)], format="sharegpt"), chat_tokenizer)
+
+
+def test_malformed_sharegpt_json_list_names_the_record(tmp_path, chat_tokenizer):
+    write(tmp_path / "chat.json", json.dumps([{"conversations": CONVERSATION}, {"messages": []}]))
+    with pytest.raises(DataError, match=r"chat\.json: record 1: no 'conversations'"):
+        build_dataset(DataConfig(paths=[str(tmp_path)], format="sharegpt"), chat_tokenizer)
+
+
+def test_tokenizer_without_chat_template(tmp_path, tokenizer):
+    write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION}])
+    with pytest.raises(DataError, match="the tokenizer has none; set data.chat_template"):
+        build_dataset(DataConfig(paths=[str(tmp_path)], format="sharegpt"), tokenizer)
+
+
+def test_template_error_names_the_record(tmp_path, chat_tokenizer):
+    strict = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}{% endif %}"
+    strict += "{{ m['content'] }}{% endfor %}"
+    write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION}])
+    config = DataConfig(paths=[str(tmp_path)], format="sharegpt", chat_template=strict)
+    with pytest.raises(DataError, match=r"chat\.jsonl:1: the chat template failed .*no system"):
+        build_dataset(config, chat_tokenizer)
+
+
+def test_empty_heldout_split_is_an_error(tmp_path, tokenizer):
+    write(tmp_path / "a.txt", "abc")
+    with pytest.raises(DataError, match="heldout_fraction is 0"):
+        build_dataset(DataConfig(paths=[str(tmp_path)]), tokenizer, split="heldout")
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded", "conversations"])
+def test_every_layout_gives_fixed_length_rows_of_compact_ints(tmp_path, chat_tokenizer, layout):
+    if layout == "conversations":
+        write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION}] * 2)
+        config = DataConfig(paths=[str(tmp_path)], format="sharegpt", max_length=64)
+    else:
+        write_jsonl(tmp_path / "data.jsonl", [{"text": "abcdefghij"}] * 3)
+        config = DataConfig(paths=[str(tmp_path)], format="jsonl", max_length=8, packing=layout == "packed")
+    rows = build_dataset(config, chat_tokenizer)
+    assert rows.column_names == ["input_ids", "attention_mask", "loss_mask"]
+    assert [rows.features[c].feature.dtype for c in rows.column_names] == ["int32", "int8", "int8"]
+    assert all(len(row[c]) == config.max_length for row in rows for c in rows.column_names)
+
+
+def test_padding_falls_back_to_eos_without_a_pad_token(tmp_path):
+    tokenizer = tiny_tokenizer()
+    tokenizer.pad_token = None
+    write(tmp_path / "a.txt", "ab")
+    rows = build_dataset(DataConfig(paths=[str(tmp_path)], max_length=5, packing=False), tokenizer)
+    assert rows[0]["input_ids"] == ids(tokenizer, "ab") + [EOS, EOS, EOS]
+    assert rows[0]["attention_mask"] == [1, 1, 1, 0, 0]

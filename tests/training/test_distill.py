@@ -1,0 +1,163 @@
+"""Self-distillation: the base's own greedy outputs, batched; resuming; sampling reproducibility; bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from helpers import tiny_model, tiny_tokenizer
+
+from specheads.cli import main
+from specheads.prompts import load_prompts
+from specheads.training.distill import distill
+
+MAX_NEW = 12
+PROMPTS = ["def f(x):\n    return x", "c", "import os\nprint(1)", "class A:\n    pass  # done", "x = 1", "xy"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distill")
+    model = tiny_model("llama", seed=1)  # no EOS in its generation config: the tokenizer's EOS (1) stops it
+    tokenizer = tiny_tokenizer()
+    model.save_pretrained(root / "base")
+    tokenizer.save_pretrained(root / "base")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    return root, model, tokenizer
+
+
+def run(root, out, *extra: str) -> int:
+    args = ["--base", str(root / "base"), "--prompts", str(root / "prompts.jsonl"), "--out", str(out)]
+    return main(["distill", *args, "--max-new-tokens", str(MAX_NEW), *extra])
+
+
+def read(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def unbatched_greedy(model, token_ids: list[int]) -> list[int]:
+    """transformers' greedy output for one prompt alone, cut before the first EOS."""
+    prompt = torch.tensor([token_ids])
+    out = model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=1
+    )[0, prompt.shape[1] :].tolist()
+    return out[: out.index(1)] if 1 in out else out
+
+
+def test_greedy_records_are_the_base_own_unbatched_outputs(setup, tmp_path) -> None:
+    root, model, tokenizer = setup
+    out = tmp_path / "distilled.jsonl"
+    assert run(root, out, "--batch-size", "4") == 0  # batches of 4 and 2, prompts of different lengths
+    records = read(out)
+    assert [r["id"] for r in records] == [f"p{i}" for i in range(len(PROMPTS))]
+    references = [unbatched_greedy(model, tokenizer(p)["input_ids"]) for p in PROMPTS]
+    assert any(len(ref) < MAX_NEW for ref in references)  # the fixture exercises the cut at EOS
+    for record, prompt, reference in zip(records, PROMPTS, references, strict=True):
+        assert record["prompt"] == prompt
+        assert record["response"] == tokenizer.decode(reference)
+        assert record["text"] == prompt + record["response"]
+        assert "conversations" not in record  # the tokenizer has no chat template
+
+
+def test_resumed_sampled_run_equals_one_shot_run(setup, tmp_path) -> None:
+    root, _, _ = setup
+    sampled = ["--temperature", "1.0", "--top-k", "50", "--seed", "7"]
+    one_shot, resumed = tmp_path / "one-shot.jsonl", tmp_path / "resumed.jsonl"
+    assert run(root, one_shot, "--batch-size", "4", *sampled) == 0
+    assert run(root, resumed, "--batch-size", "2", "--limit", "3", *sampled) == 0
+    assert len(read(resumed)) == 3
+    assert run(root, resumed, "--batch-size", "3", *sampled) == 0
+    records = read(resumed)
+    assert sorted(r["id"] for r in records) == sorted(r["id"] for r in read(one_shot))  # every id, once
+    assert {r["id"]: r for r in records} == {r["id"]: r for r in read(one_shot)}
+    greedy = tmp_path / "greedy.jsonl"
+    assert run(root, greedy) == 0
+    assert [r["response"] for r in read(greedy)] != [r["response"] for r in records]  # it did sample
+
+
+def test_finished_file_loads_no_model(setup, tmp_path, capsys) -> None:
+    root, _, _ = setup
+    out = tmp_path / "distilled.jsonl"
+    assert run(root, out) == 0
+    capsys.readouterr()
+    assert run(root, out) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+
+def test_truncated_last_line_is_dropped_and_regenerated(setup, tmp_path, caplog) -> None:
+    root, _, _ = setup
+    out = tmp_path / "distilled.jsonl"
+    assert run(root, out) == 0
+    complete = out.read_bytes()
+    out.write_bytes(complete[:-9])  # a crash mid-write of the last record
+    with caplog.at_level(logging.WARNING):
+        assert run(root, out) == 0
+    assert "truncated last line" in caplog.text
+    assert out.read_bytes() == complete
+
+
+def test_library_call_with_chat_template_and_conversations(setup, tmp_path) -> None:
+    _, model, tokenizer = setup
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    prompts_file = tmp_path / "prompts.jsonl"
+    conversation = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}, {"from": "human", "value": "x"}]
+    prompts_file.write_text(json.dumps({"prompt": "def f"}) + "\n" + json.dumps({"conversations": conversation}))
+    prompts = load_prompts(prompts_file, tokenizer)
+    out = tmp_path / "chat.jsonl"
+    assert distill(model, tokenizer, prompts, out, max_new_tokens=MAX_NEW, batch_size=2, progress=False) == 2
+    plain, chat = read(out)
+    assert plain["prompt"] == "user: def f\nassistant: "
+    assert plain["conversations"] == [{"from": "human", "value": "def f"}, {"from": "gpt", "value": plain["response"]}]
+    assert plain["response"] == tokenizer.decode(unbatched_greedy(model, tokenizer(plain["prompt"])["input_ids"]))
+    assert chat["prompt"] == "user: hi\nassistant: yo\nuser: x\nassistant: "
+    assert chat["conversations"] == [*conversation, {"from": "gpt", "value": chat["response"]}]
+    assert all(r["text"] == r["prompt"] + r["response"] for r in (plain, chat))
+
+
+@pytest.mark.parametrize(
+    ("extra", "prompts", "message"),
+    [
+        (["--max-new-tokens", "0"], None, "--max-new-tokens must be >= 1"),
+        (["--batch-size", "0"], None, "--batch-size must be >= 1"),
+        (["--temperature", "-1"], None, "temperature must be >= 0"),
+        ([], "missing", "does not exist"),
+        ([], "", "holds no prompts"),
+        ([], '{"prompt": "a"}\nnot json\n', "prompts.jsonl:2"),
+        ([], '{"id": "q", "prompt": "a"}\n{"id": "q", "prompt": "b"}\n', "'q' appears more than once"),
+    ],
+)
+def test_bad_input_exits_2(setup, tmp_path, capsys, extra, prompts, message) -> None:
+    root, _, _ = setup
+    args = ["distill", "--base", str(root / "base"), "--out", str(tmp_path / "out.jsonl")]
+    prompts_file = root / "prompts.jsonl"
+    if prompts is not None:
+        prompts_file = tmp_path / "prompts.jsonl"
+        if prompts != "missing":
+            prompts_file.write_text(prompts)
+    assert main([*args, "--prompts", str(prompts_file), *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"id": "p0"}\nnot json\n{"id": "p1"}\n', "out.jsonl:2: not valid JSON"),
+        ('{"id": "p0"}\n{"id": "p0"}\n', "out.jsonl:2: id 'p0' appears twice"),
+        ('{"prompt": "a"}\n', "out.jsonl:1: not a distill record"),
+    ],
+)
+def test_corrupt_output_file_exits_2(setup, tmp_path, capsys, content, message) -> None:
+    root, _, _ = setup
+    out = tmp_path / "out.jsonl"
+    out.write_text(content)
+    assert run(root, out) == 2
+    assert message in capsys.readouterr().err
+    assert out.read_text() == content  # never rewritten
