@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.inference.decoder import SpecDecoder
-from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
+from specheads.inference.drafters import DraftModelDrafter, MedusaDrafter, NoDrafter, PromptLookupDrafter
+from specheads.inference.trees import resolve_tree
 from specheads.metrics import SpecStats
 from specheads.prompts import Prompt
 
@@ -70,6 +71,14 @@ def _spec_runner(decoder: SpecDecoder) -> RunFn:
     return run
 
 
+def _tree_runner(decoder: SpecDecoder, tree: str) -> RunFn:
+    def run(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], SpecStats]:
+        out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, tree=tree)
+        return out.new_tokens, out.stats
+
+    return run
+
+
 def build_methods(
     base: PreTrainedModel,
     draft: PreTrainedModel | None,
@@ -77,6 +86,8 @@ def build_methods(
     lookup_k: int = 10,
     only: Sequence[str] | None = None,
     draft_confidence: float = 0.4,
+    heads: Sequence[tuple[str, torch.nn.Module]] = (),
+    medusa_trees: Sequence[str] = ("chain-2", "chain-3", "binary-7"),
 ) -> list[BenchMethod]:
     """The methods of a benchmark run; ``hf-greedy`` always comes first (it is the reference).
 
@@ -107,6 +118,13 @@ def build_methods(
         if unknown:
             raise ValueError(f"unknown bench methods {unknown}; available: {[m.name for m in methods]}")
         methods = [m for m in methods if m.name == "hf-greedy" or m.name in only]
+    for label, head_module in heads:  # --heads rows are always kept
+        for tree in medusa_trees:
+            drafter = MedusaDrafter(head_module)
+            if resolve_tree(tree).max_depth > drafter.num_heads:
+                continue
+            decoder = SpecDecoder(base, drafter)
+            methods.append(BenchMethod(f"{label}-{tree}", _tree_runner(decoder, tree), has_stats=True))
     return methods
 
 

@@ -79,6 +79,12 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
     parser.add_argument("--draft-model", help="draft model for draft-k* and hf-assisted ('default' with the default)")
+    parser.add_argument("--heads", action="append", default=[], help="Medusa head checkpoint dir (repeatable)")
+    parser.add_argument(
+        "--medusa-trees",
+        default="chain-2,chain-3,binary-7",
+        help="comma-separated trees for the medusa rows (deeper than the heads: skipped)",
+    )
     parser.add_argument("--tokenizer", help="tokenizer (default: the base's)")
     parser.add_argument("--prompts", help="JSONL prompts file (default with --base default: the shipped prompts)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -127,7 +133,11 @@ def _bench(args: argparse.Namespace) -> int:
         draft = load_causal_lm(args.draft_model, device=base.device, role="draft")
     draft_ks = [int(k) for k in args.draft_k.split(",") if k.strip()]
     only = [m.strip() for m in args.methods.split(",")] if args.methods else None
-    methods = build_methods(base, draft, draft_ks=draft_ks, lookup_k=args.lookup_k, only=only)
+    heads = _bench_heads(args.heads, base)
+    trees = [t.strip() for t in args.medusa_trees.split(",") if t.strip()]
+    methods = build_methods(
+        base, draft, draft_ks=draft_ks, lookup_k=args.lookup_k, only=only, heads=heads, medusa_trees=trees
+    )
     run_bench(methods, prompts, tokenizer, args.max_new_tokens, repeats=args.repeats)
 
     report = {
@@ -149,12 +159,30 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_heads(paths: list[str], base) -> list:  # noqa: ANN001 - a PreTrainedModel
+    from pathlib import Path
+
+    from specheads.heads import load_heads
+
+    loaded = []
+    for index, path in enumerate(paths):
+        if (Path(path) / "adapter").is_dir():
+            raise ValueError(
+                f"{path} holds a Medusa-2 LoRA adapter: its base is the merged model, not --base; "
+                "bench the merged model with its heads instead"
+            )
+        label = "medusa" if len(paths) == 1 else f"medusa{index + 1}"
+        loaded.append((label, load_heads(path, base)))
+    return loaded
+
+
 def _add_demo(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="speculative decoding on the embedded default model, no arguments needed",
         description="Complete a held-out prompt with the embedded default code model: plain decoding, the draft "
-        "model and prompt lookup; show that the texts are identical and print tau, tokens/s and speed-ups.",
+        "model, prompt lookup and Medusa heads (trained on first use, within ~3 minutes); show that the texts are "
+        "identical and print tau, tokens/s and speed-ups.",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--prompt-index", type=int, default=0, help="which shipped held-out prompt to complete")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -15,7 +17,25 @@ from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.prompts import load_prompts
 
 DEMO_DRAFT_K = 3  # the best K of the default draft model in BENCHMARKS.md on this class of machine
+DEMO_TREE = "chain-3"  # the Medusa tree the demo decodes with
 REPEATS = 3
+CACHE = Path(os.environ.get("SPECHEADS_CACHE", Path.home() / ".cache" / "specheads")) / "demo"
+# A short Medusa-1 run that fits the demo's budget on a 2-core CPU; the full recipe is configs/default/medusa1.yaml.
+DEMO_TRAINING = [
+    "model.base=default",
+    "data.paths=[default-corpus:train]",
+    "data.max_length=128",
+    "data.limit=400",
+    "heads.num_heads=3",
+    "train.batch_size=8",
+    "train.lr=2e-3",
+    "train.warmup_steps=10",
+    "train.steps=300",
+    "train.max_minutes=2.5",
+    "output.save_every=0",
+    "log.tracker=none",
+    "train.overwrite=true",
+]
 
 
 def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | None = None) -> int:
@@ -75,6 +95,25 @@ def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | No
         f"--draft-model default --out bench-out"
     )
     return 0 if identical else 1
+
+
+def demo_heads(console: Console, base: torch.nn.Module) -> torch.nn.Module:
+    """Medusa heads for the default base: cached from an earlier demo run, or trained now within ~3 minutes."""
+    from specheads.heads import HeadCheckpointError, load_heads
+    from specheads.training.config import load_config
+    from specheads.training.trainer import train
+
+    heads_dir = CACHE / "medusa" / "heads"
+    if (heads_dir / "model.safetensors").is_file():
+        try:
+            heads = load_heads(heads_dir, base)
+            console.print(f"Medusa heads: reusing {heads_dir} (delete it to retrain)")
+            return heads
+        except HeadCheckpointError as error:
+            console.print(f"Medusa heads in {heads_dir} do not fit this base ({error}); retraining")
+    console.print(f"Medusa heads: training {heads_dir.parent} for at most 2.5 minutes (once; reused afterwards)")
+    config = load_config(None, [*DEMO_TRAINING, f"output.dir={heads_dir.parent}"])
+    return load_heads(train(config), base)
 
 
 def _describe(model: torch.nn.Module) -> str:

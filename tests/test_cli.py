@@ -155,3 +155,37 @@ def test_bench_unknown_method(model_dirs, tmp_path, capsys) -> None:
 def test_unknown_method_is_refused_by_argparse(model_dirs) -> None:
     with pytest.raises(SystemExit):
         main(["generate", "--base", str(model_dirs / "base"), "--method", "telepathy", "x"])
+
+
+def test_bench_with_medusa_heads_adds_medusa_rows(model_dirs, tmp_path) -> None:
+    from helpers import tiny_model as build
+
+    from specheads.heads import MedusaHeads
+
+    heads_dir = tmp_path / "heads"
+    MedusaHeads.from_base(build("llama", seed=1), num_heads=2).save_pretrained(heads_dir)
+    out = tmp_path / "bench"
+    code = main(
+        [
+            "bench",
+            "--base",
+            str(model_dirs / "base"),
+            "--prompts",
+            str(model_dirs / "prompts.jsonl"),
+            "--max-new-tokens",
+            "6",
+            "--heads",
+            str(heads_dir),
+            "--medusa-trees",
+            "chain-2,chain-3",
+            "--methods",
+            "none",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    names = [row["name"] for row in report["methods"]]
+    assert names == ["hf-greedy", "none", "medusa-chain-2"]  # chain-3 is deeper than 2 heads: skipped
+    assert all(row["matches_greedy"] for row in report["methods"])

@@ -44,6 +44,8 @@ class DataConfig:
     packing: bool = True  # text/jsonl: concatenate documents and cut into max_length windows
     limit: int | None = None  # use the first N records (quick runs)
     heldout_fraction: float = 0.0  # held out from training for evaluation, by record hash
+    eval_paths: list[str] = field(default_factory=list)  # held-out data evaluated after training (same format)
+    eval_batches: int = 50  # at most this many batches of held-out data
 
 
 @dataclass
@@ -59,6 +61,7 @@ class TrainConfig:
     schedule: str = "cosine"  # cosine | linear | constant
     max_grad_norm: float = 1.0
     seed: int = 0
+    max_minutes: float | None = None  # stop (checkpoint + export) after this wall time; the schedule keeps `steps`
     resume: str = "auto"  # auto | never | a checkpoint directory
     overwrite: bool = False  # allow writing into an output directory that holds another run
 

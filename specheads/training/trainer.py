@@ -31,6 +31,7 @@ from specheads.heads.medusa import MedusaHeads
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.training.config import ConfigError, RecipeConfig
 from specheads.training.data import build_dataset
+from specheads.training.evaluate import head_agreement
 from specheads.training.losses import distillation_loss, lm_loss, medusa2_head_weights, medusa_loss
 
 CHECKPOINTS = "checkpoints"
@@ -205,9 +206,23 @@ def train_loop(run: Run) -> None:
                 accelerator.log(metrics, step=run.step)
             if config.output.save_every and run.step % config.output.save_every == 0:
                 save_checkpoint(run)
-            if run.step >= run.total_steps:
+            if run.step >= run.total_steps or _out_of_time(run, started):
                 break
+        if _out_of_time(run, started):
+            accelerator.print(f"train.max_minutes={config.train.max_minutes} reached at step {run.step}")
+            if config.output.save_every:
+                save_checkpoint(run)
+            break
     progress.close()
+
+
+def _out_of_time(run: Run, started: float) -> bool:
+    limit = run.config.train.max_minutes
+    if limit is None:
+        return False
+    # Every process must stop at the same step, so the main process decides and the others follow.
+    flag = torch.tensor([float(time.perf_counter() - started > 60 * limit)], device=run.accelerator.device)
+    return bool(run.accelerator.reduce(flag, reduction="max").item())
 
 
 def _train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -352,6 +367,7 @@ def _run_identity(config: dict[str, Any]) -> dict[str, Any]:
     identity = json.loads(json.dumps(config))
     identity.get("train", {}).pop("resume", None)
     identity.get("train", {}).pop("overwrite", None)
+    identity.get("train", {}).pop("max_minutes", None)
     identity.pop("log", None)
     identity.get("output", {}).pop("save_every", None)
     identity.get("output", {}).pop("keep_last", None)
@@ -373,9 +389,44 @@ def cleanup(run: Run) -> Path:
         if run.config.lora.enabled:
             accelerator.unwrap_model(run.base).save_pretrained(str(target / "adapter"))
         (target / "recipe.json").write_text(json.dumps(run.config.to_dict(), indent=2) + "\n")
+        evaluation = evaluate(run, accelerator.unwrap_model(run.heads))
+        if evaluation is not None:
+            (target / "eval.json").write_text(json.dumps(evaluation, indent=2) + "\n")
+            accelerator.print(
+                "held-out agreement with the base's greedy token by head: "
+                + ", ".join(f"{a:.3f}" for a in evaluation["agreement_with_base_greedy"])
+            )
+            accelerator.log(
+                {f"eval/head_{k}/agreement": a for k, a in enumerate(evaluation["agreement_with_base_greedy"])},
+                step=run.step,
+            )
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return target
+
+
+def evaluate(run: Run, heads: torch.nn.Module) -> dict[str, Any] | None:
+    """Held-out head agreement (``data.eval_paths`` or the ``data.heldout_fraction`` split); None without either."""
+    config = run.config.data
+    if not config.eval_paths and config.heldout_fraction <= 0:
+        return None
+    tokenizer = load_tokenizer(run.config.model.tokenizer or run.config.model.base)
+    if config.eval_paths:
+        eval_config = dataclasses.replace(config, paths=expand_data_paths(config.eval_paths), heldout_fraction=0.0)
+        dataset = build_dataset(eval_config, tokenizer)
+    else:
+        dataset = build_dataset(
+            dataclasses.replace(config, paths=expand_data_paths(config.paths)), tokenizer, split="heldout"
+        )
+    loader = torch.utils.data.DataLoader(dataset.with_format("torch"), batch_size=run.config.train.batch_size)
+    device = run.accelerator.device
+    batches = ({key: value.to(device) for key, value in batch.items()} for batch in loader)
+    base = run.accelerator.unwrap_model(run.base)
+    was_training = heads.training
+    heads.eval()
+    result = head_agreement(base, heads, batches, max_batches=config.eval_batches)
+    heads.train(was_training)
+    return result
 
 
 def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -202,3 +202,37 @@ def test_medusa2_self_distillation_runs(workspace, tmp_path) -> None:
     extra = {"lora.enabled": "true", "lora.r": 4, "lora.self_distillation": "true", "train.steps": 4}
     heads_dir = train(load_config(None, _overrides(workspace, tmp_path / "sd", **extra)))
     assert (heads_dir / "model.safetensors").is_file()
+
+
+def test_heldout_evaluation_reports_agreement_per_head(workspace, tmp_path) -> None:
+    extra = {"train.steps": 10, "data.eval_paths": f"[{workspace / 'data'}]", "data.eval_batches": 2}
+    heads_dir = train(load_config(None, _overrides(workspace, tmp_path / "eval", **extra)))
+    evaluation = json.loads((heads_dir / "eval.json").read_text())
+    assert len(evaluation["agreement_with_base_greedy"]) == 2
+    assert all(0.0 <= value <= 1.0 for value in evaluation["agreement_with_base_greedy"])
+    assert evaluation["positions"][0] > evaluation["positions"][1] > 0
+
+
+def test_head_agreement_by_hand() -> None:
+    """Heads that copy the base's own next-token logits one step late agree perfectly by construction."""
+    from specheads.training.evaluate import head_agreement
+
+    base = tiny_model("llama", seed=3)
+    ids = torch.randint(2, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    logits = base(ids).logits  # [B, T, V]
+
+    class ShiftedHeads(torch.nn.Module):
+        """Head 0 at position t returns the base's logits at t + 1: the base's own choice for token t + 2."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, hidden):
+            shifted = torch.cat([logits[:, 1:], logits[:, -1:]], dim=1)
+            return shifted[None]
+
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    result = head_agreement(base, ShiftedHeads(), [batch])
+    assert result["agreement_with_base_greedy"] == [1.0]
+    assert result["positions"] == [2 * 10]

@@ -1,0 +1,61 @@
+"""Held-out evaluation of heads: how often each head agrees with the base's own greedy choice.
+
+Speculation pays only when a head proposes what the base would produce itself, so the number that predicts tau is
+agreement with the base's greedy token, not accuracy against the data. For head k at position t the base's own
+choice is the argmax of its logits at position t + 1 + k (over the true prefix), the token at t + 2 + k.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+@torch.inference_mode()
+def head_agreement(
+    base: torch.nn.Module, heads: torch.nn.Module, batches: Any, max_batches: int | None = None
+) -> dict[str, list[float] | int]:
+    """Per-head top-1 agreement with the base's greedy token and top-1 accuracy against the data.
+
+    Args:
+        base: the base model (eval mode).
+        heads: Medusa heads producing ``[K, B, T, V]`` from the base's last hidden states.
+        batches: an iterable of dicts with ``input_ids``, ``attention_mask`` and ``loss_mask`` ``[B, T]``.
+        max_batches: stop after this many batches.
+
+    Returns:
+        ``{"agreement_with_base_greedy": [K], "accuracy_vs_data": [K], "top5_agreement": [K], "positions": [K]}``.
+    """
+    agree = top5 = correct = counts = None
+    for index, batch in enumerate(batches):
+        if max_batches is not None and index >= max_batches:
+            break
+        input_ids = batch["input_ids"].long()
+        out = base(input_ids=input_ids, attention_mask=batch["attention_mask"], output_hidden_states=True)
+        base_choice = out.logits.argmax(dim=-1)  # [B, T]: the base's token for position t + 1
+        head_logits = heads(out.hidden_states[-1].to(next(heads.parameters()).dtype))  # [K, B, T, V]
+        num_heads, length = head_logits.shape[0], input_ids.shape[1]
+        if agree is None:
+            agree, top5, correct, counts = (torch.zeros(num_heads) for _ in range(4))
+        for head in range(num_heads):
+            shift = head + 2  # head k at position t predicts token t + 2 + k
+            span = length - shift
+            if span <= 0:
+                continue
+            valid = batch["loss_mask"][:, shift:].bool() & batch["attention_mask"][:, shift:].bool()  # [B, span]
+            top = head_logits[head, :, :span].topk(5, dim=-1).indices  # [B, span, 5]
+            wanted = base_choice[:, shift - 1 : length - 1]  # the base's own token at t + 2 + k
+            agree[head] += ((top[..., 0] == wanted) & valid).sum()
+            top5[head] += ((top == wanted[..., None]).any(dim=-1) & valid).sum()
+            correct[head] += ((top[..., 0] == input_ids[:, shift:]) & valid).sum()
+            counts[head] += valid.sum()
+    if counts is None:
+        raise ValueError("no evaluation batches")
+    denominator = counts.clamp_min(1)
+    return {
+        "agreement_with_base_greedy": (agree / denominator).tolist(),
+        "top5_agreement": (top5 / denominator).tolist(),
+        "accuracy_vs_data": (correct / denominator).tolist(),
+        "positions": [int(c) for c in counts],
+    }
