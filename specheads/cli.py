@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-METHOD_CHOICES = ("draft", "prompt-lookup", "none")
+METHOD_CHOICES = ("medusa", "draft", "prompt-lookup", "none")
 
 
 def _add_generate(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +20,7 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
     parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
     parser.add_argument("--draft-model", help="draft model sharing the base's tokenizer (method 'draft')")
+    parser.add_argument("--heads", help="Medusa head checkpoint directory (method 'medusa')")
     parser.add_argument("--method", choices=METHOD_CHOICES, help="drafting method (inferred when omitted)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
@@ -41,6 +42,7 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     decoder = SpecDecoder.from_pretrained(
         args.base,
+        heads=args.heads,
         draft_model=args.draft_model,
         method=args.method,
         device=args.device,

@@ -39,7 +39,7 @@ DEMO_TRAINING = [
 
 
 def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | None = None) -> int:
-    """Complete one held-out prompt with plain decoding, the draft model and prompt lookup; print the comparison.
+    """Complete one held-out prompt with plain decoding, the draft model, prompt lookup and Medusa heads.
 
     Returns:
         0 when every method produced exactly the base's greedy text, 1 otherwise.
@@ -66,8 +66,14 @@ def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | No
     console.print("[bold]prompt (last lines):[/bold]")
     console.print("\n".join(prompt.text.splitlines()[-8:]), markup=False, highlight=False)
 
+    heads = demo_heads(console, base)
     methods = build_methods(
-        base, draft, draft_ks=(DEMO_DRAFT_K,), only=["none", f"draft-k{DEMO_DRAFT_K}", "prompt-lookup"]
+        base,
+        draft,
+        draft_ks=(DEMO_DRAFT_K,),
+        only=["none", f"draft-k{DEMO_DRAFT_K}", "prompt-lookup"],
+        heads=[("medusa", heads)],
+        medusa_trees=(DEMO_TREE,),
     )
     run_bench(methods, [prompt], tokenizer, max_new_tokens, repeats=REPEATS, progress=False)
     rows = summarize(methods)

@@ -189,3 +189,19 @@ def test_bench_with_medusa_heads_adds_medusa_rows(model_dirs, tmp_path) -> None:
     names = [row["name"] for row in report["methods"]]
     assert names == ["hf-greedy", "none", "medusa-chain-2"]  # chain-3 is deeper than 2 heads: skipped
     assert all(row["matches_greedy"] for row in report["methods"])
+
+
+def test_generate_with_medusa_heads(model_dirs, tmp_path, capsys) -> None:
+    from helpers import tiny_model as build
+
+    from specheads.heads import MedusaHeads
+
+    MedusaHeads.from_base(build("llama", seed=1), num_heads=3).save_pretrained(tmp_path / "heads")
+    outputs = []
+    for extra in ([], ["--heads", str(tmp_path / "heads"), "--tree", "binary-7"]):
+        assert (
+            main(["generate", "--base", str(model_dirs / "base"), "--max-new-tokens", "10", "--json", *extra, "x = 1"])
+            == 0
+        )
+        outputs.append(json.loads(capsys.readouterr().out)["new_tokens"])
+    assert outputs[0] == outputs[1]
