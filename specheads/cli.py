@@ -278,6 +278,82 @@ def _distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="choose the Medusa tree with the best expected tokens/s on this machine",
+        description="Measure each head's per-rank agreement with the base's greedy token on held-out data and the "
+        "base's verify cost curve on this machine, grow trees greedily and write the best one to HEADS/tree.json "
+        "(then tree='auto', and the heads' default tree, is that tree).",
+    )
+    parser.add_argument("--base", required=True)
+    parser.add_argument("--heads", required=True, help="Medusa head checkpoint directory (tree.json goes there)")
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        help="held-out text files/folders (default with --base default: default-corpus:heldout)",
+    )
+    parser.add_argument("--format", default="text", help="data format: text | jsonl | sharegpt")
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--batches", type=int, default=20, help="held-out batches of 8 rows to measure agreement on")
+    parser.add_argument("--max-nodes", type=int, default=64)
+    parser.add_argument("--threads", type=int)
+    parser.set_defaults(handler=_calibrate)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import platform
+    from pathlib import Path
+
+    import torch
+
+    from specheads.heads import load_heads
+    from specheads.inference.calibrate import choose_tree, measure_verify_cost
+    from specheads.loading import load_causal_lm, load_tokenizer
+    from specheads.training.config import DataConfig
+    from specheads.training.data import build_dataset
+    from specheads.training.evaluate import head_agreement
+    from specheads.training.trainer import expand_data_paths
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data = args.data or (["default-corpus:heldout"] if args.base == "default" else [])
+    if not data:
+        raise ValueError("--data is required unless --base default")
+    base = load_causal_lm(args.base)
+    heads = load_heads(args.heads, base)
+    config = DataConfig(paths=expand_data_paths(data), format=args.format, max_length=args.max_length)
+    dataset = build_dataset(config, load_tokenizer(args.base)).with_format("torch")
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+    agreement = head_agreement(base, heads, loader, max_batches=args.batches)
+    with torch.inference_mode():
+        step_ms = measure_verify_cost(base, sizes=(1, 2, 4, 8, 16, 32, 64))
+    best = choose_tree(agreement["agreement_by_rank"], step_ms, max_nodes=args.max_nodes)
+    record = {
+        "choices": best.choices,
+        "expected_tau": best.expected_tau,
+        "step_ms": best.step_ms,
+        "expected_tokens_per_s": best.expected_tokens_per_s,
+        "verify_ms_by_query_tokens": step_ms,
+        "agreement_by_rank": agreement["agreement_by_rank"],
+        "candidates": best.candidates,
+        "machine": {"processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+    }
+    (Path(args.heads) / "tree.json").write_text(json.dumps(record, indent=2) + "\n")
+    print("verify cost (ms by query tokens): " + ", ".join(f"{q}: {ms:.1f}" for q, ms in step_ms.items()))
+    print(
+        "head agreement with the base's greedy token (rank 0): "
+        + ", ".join(f"{row[0]:.3f}" for row in agreement["agreement_by_rank"])
+    )
+    print(
+        f"best tree: {len(best.choices)} nodes, expected tau {best.expected_tau:.2f}, "
+        f"{best.step_ms:.1f} ms/step, expected {best.expected_tokens_per_s:.0f} tokens/s; written to "
+        f"{Path(args.heads) / 'tree.json'}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``specheads`` command."""
     parser = argparse.ArgumentParser(prog="specheads", description="Lossless speculative decoding for transformers.")
@@ -287,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(subparsers)
     _add_distill(subparsers)
     _add_train(subparsers)
+    _add_calibrate(subparsers)
     return parser
 
 

@@ -8,6 +8,7 @@ the base's lm_head (Medusa-1) or the base's lm_head itself (``share_lm_head=True
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ class MedusaHeads(nn.Module):
     def __init__(self, config: MedusaConfig, base_lm_head: nn.Linear | None = None) -> None:
         super().__init__()
         self.config = config
+        self.calibrated_tree: list[list[int]] | None = None  # set by load_heads when a tree.json is present
         hidden, vocab = config.hidden_size, config.vocab_size
         # One ModuleList per head with distinct blocks (never `[ResBlock(h)] * L`, which repeats one module).
         self.blocks = nn.ModuleList(
@@ -171,6 +173,9 @@ def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None)
     if head_type not in HEAD_TYPES:
         raise HeadCheckpointError(f"{directory}: unknown head_type {head_type!r}; known: {sorted(HEAD_TYPES)}")
     heads = HEAD_TYPES[head_type].from_checkpoint(config, tensors, str(directory))
+    calibrated = Path(directory) / CALIBRATED_TREE
+    if calibrated.is_file():  # written by `specheads calibrate`: the best tree for these heads on that machine
+        heads.calibrated_tree = json.loads(calibrated.read_text())["choices"]
     if base_model is not None:
         heads.attach_base(base_model)
         lm_head = base_model.get_output_embeddings().weight
@@ -179,3 +184,4 @@ def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None)
 
 
 HEAD_TYPES: dict[str, Any] = {"medusa": MedusaHeads}
+CALIBRATED_TREE = "tree.json"

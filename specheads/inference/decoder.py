@@ -359,10 +359,19 @@ class SpecDecoder:
             generator=generator,
             max_depth=0,
             num_speculative_tokens=kwargs.get("num_speculative_tokens"),
-            tree=resolve_tree(tree) if tree is not None else None,
+            tree=self._resolve_tree(tree) if tree is not None else None,
         )
         self.drafter.check_request(request)
         return _Settings(max_new_tokens, sampling, rule, options, self._eos_ids(kwargs.get("eos_token_id")), request)
+
+    def _resolve_tree(self, tree: Any) -> Any:
+        """Trees are data; ``"auto"`` asks the drafter for the tree calibrated for it."""
+        resolve = getattr(self.drafter, "resolve", None)
+        if resolve is not None:
+            return resolve(tree)
+        if tree == "auto":
+            raise ValueError(f"tree='auto' is calibrated for Medusa heads; method {self.drafter.name!r} has none")
+        return resolve_tree(tree)
 
     def _eos_ids(self, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
         if eos_token_id is None:

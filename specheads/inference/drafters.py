@@ -235,8 +235,23 @@ class MedusaDrafter:
 
         self.heads = heads.eval()
         self.num_heads = heads.config.num_heads
-        self.default_tree = resolve_tree(tree if tree is not None else f"chain-{self.num_heads}")
+        calibrated = getattr(heads, "calibrated_tree", None)
+        self.auto_tree = resolve_tree(calibrated) if calibrated else None
+        if tree is None:
+            self.default_tree = self.auto_tree or resolve_tree(f"chain-{self.num_heads}")
+        else:
+            self.default_tree = self.resolve(tree)
         self._check_depth(self.default_tree.max_depth)
+
+    def resolve(self, tree: str | list):  # noqa: ANN201 - TreeBuffers
+        """A tree spec for these heads; ``"auto"`` is the tree calibrated for them on this machine."""
+        from specheads.inference.trees import resolve_tree
+
+        if tree == "auto":
+            if self.auto_tree is None:
+                raise ValueError("tree='auto' needs a calibrated tree: run `specheads calibrate --base B --heads H`")
+            return self.auto_tree
+        return resolve_tree(tree)
 
     def _check_depth(self, depth: int) -> None:
         if depth > self.num_heads:

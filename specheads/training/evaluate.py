@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+RANKS = 10  # agreement is measured for the top-10 candidates of each head (tree calibration needs it per rank)
+
 
 @torch.inference_mode()
 def head_agreement(
@@ -25,9 +27,11 @@ def head_agreement(
         max_batches: stop after this many batches.
 
     Returns:
-        ``{"agreement_with_base_greedy": [K], "accuracy_vs_data": [K], "top5_agreement": [K], "positions": [K]}``.
+        ``{"agreement_with_base_greedy": [K], "top5_agreement": [K], "accuracy_vs_data": [K],
+        "agreement_by_rank": [K][RANKS] (how often the base's token is the head's rank-r candidate),
+        "positions": [K]}``.
     """
-    agree = top5 = correct = counts = None
+    agree = top5 = correct = counts = by_rank = None
     for index, batch in enumerate(batches):
         if max_batches is not None and index >= max_batches:
             break
@@ -38,16 +42,19 @@ def head_agreement(
         num_heads, length = head_logits.shape[0], input_ids.shape[1]
         if agree is None:
             agree, top5, correct, counts = (torch.zeros(num_heads) for _ in range(4))
+            by_rank = torch.zeros(num_heads, min(RANKS, head_logits.shape[-1]))
         for head in range(num_heads):
             shift = head + 2  # head k at position t predicts token t + 2 + k
             span = length - shift
             if span <= 0:
                 continue
             valid = batch["loss_mask"][:, shift:].bool() & batch["attention_mask"][:, shift:].bool()  # [B, span]
-            top = head_logits[head, :, :span].topk(5, dim=-1).indices  # [B, span, 5]
+            top = head_logits[head, :, :span].topk(min(RANKS, head_logits.shape[-1]), dim=-1).indices  # [B, span, R]
             wanted = base_choice[:, shift - 1 : length - 1]  # the base's own token at t + 2 + k
             agree[head] += ((top[..., 0] == wanted) & valid).sum()
-            top5[head] += ((top == wanted[..., None]).any(dim=-1) & valid).sum()
+            hits = (top == wanted[..., None]) & valid[..., None]  # [B, span, R]
+            top5[head] += hits[..., :5].any(dim=-1).sum()
+            by_rank[head] += hits.sum(dim=(0, 1))
             correct[head] += ((top[..., 0] == input_ids[:, shift:]) & valid).sum()
             counts[head] += valid.sum()
     if counts is None:
@@ -57,5 +64,6 @@ def head_agreement(
         "agreement_with_base_greedy": (agree / denominator).tolist(),
         "top5_agreement": (top5 / denominator).tolist(),
         "accuracy_vs_data": (correct / denominator).tolist(),
+        "agreement_by_rank": (by_rank / denominator[:, None]).tolist(),
         "positions": [int(c) for c in counts],
     }

@@ -1,0 +1,134 @@
+"""Tree calibration: choose the Medusa tree that maximises tokens per second on *this* machine.
+
+A tree pays when the tokens it is expected to add outweigh what verifying it costs. Both are measured:
+
+* ``agreement_by_rank[d][r]``: how often the base's own token at depth d + 1 is head d's rank-r candidate (from
+  held-out data, :func:`specheads.training.evaluate.head_agreement`);
+* the verify cost curve: the base's forward time for q query tokens over a cached prefix, on this machine.
+
+Under Medusa's independence approximation a node ``(r1, ..., rd)`` is reached with probability
+``prod_i agreement_by_rank[i - 1][r_i]``, and tau = 1 + the sum of these over the tree's nodes. Trees are grown
+greedily, most probable node first (as Medusa's tree search does), and the size with the best tau / step time wins.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specheads.inference import kv_cache
+from specheads.inference.trees import tree_from_parents
+
+
+@dataclass
+class CalibratedTree:
+    """The chosen tree with the numbers that chose it."""
+
+    choices: list[list[int]]
+    expected_tau: float
+    step_ms: float
+    expected_tokens_per_s: float
+    candidates: list[dict[str, float]]  # per tree size: nodes, expected tau, step ms, expected tokens/s
+
+
+def grow_tree(agreement_by_rank: Sequence[Sequence[float]], max_nodes: int) -> list[tuple[tuple[int, ...], float]]:
+    """Nodes in the order a greedy search adds them: the most probable path not yet in the tree first.
+
+    Returns:
+        ``[(path, probability), ...]`` of length <= ``max_nodes``; every prefix of the list is a valid tree.
+    """
+    depth_limit, ranks = len(agreement_by_rank), len(agreement_by_rank[0])
+    frontier = [(-float(agreement_by_rank[0][rank]), (rank,)) for rank in range(ranks)]
+    heapq.heapify(frontier)
+    nodes: list[tuple[tuple[int, ...], float]] = []
+    while frontier and len(nodes) < max_nodes:
+        negative, path = heapq.heappop(frontier)
+        probability = -negative
+        nodes.append((path, probability))
+        if len(path) < depth_limit:
+            for rank in range(ranks):
+                heapq.heappush(frontier, (-(probability * float(agreement_by_rank[len(path)][rank])), path + (rank,)))
+    return nodes
+
+
+def choose_tree(
+    agreement_by_rank: Sequence[Sequence[float]], step_ms: dict[int, float], max_nodes: int = 64, fixed_ms: float = 0.0
+) -> CalibratedTree:
+    """The tree size that maximises expected tokens per second.
+
+    Args:
+        agreement_by_rank: ``[K][R]`` probabilities (see module docstring).
+        step_ms: measured verify time by number of query tokens (root included); sizes in between are
+            interpolated linearly.
+        max_nodes: largest tree considered.
+        fixed_ms: per-step cost that does not grow with the tree (heads, acceptance, Python overhead).
+    """
+    nodes = grow_tree(agreement_by_rank, max_nodes)
+    candidates = []
+    expected_tau = 1.0
+    for size in range(0, len(nodes) + 1):
+        if size:
+            expected_tau += nodes[size - 1][1]
+        cost = _interpolate(step_ms, size + 1) + fixed_ms
+        candidates.append(
+            {
+                "nodes": size,
+                "expected_tau": expected_tau,
+                "step_ms": cost,
+                "expected_tokens_per_s": 1000.0 * expected_tau / cost,
+            }
+        )
+    best = max(candidates, key=lambda row: row["expected_tokens_per_s"])
+    size = int(best["nodes"])
+    choices = sorted((list(path) for path, _ in nodes[:size]), key=lambda p: (len(p), p))
+    return CalibratedTree(choices, best["expected_tau"], best["step_ms"], best["expected_tokens_per_s"], candidates)
+
+
+def _interpolate(points: dict[int, float], size: int) -> float:
+    sizes = sorted(points)
+    if size <= sizes[0]:
+        return points[sizes[0]]
+    for low, high in zip(sizes, sizes[1:], strict=False):
+        if low <= size <= high:
+            return points[low] + (points[high] - points[low]) * (size - low) / (high - low)
+    slope = (points[sizes[-1]] - points[sizes[-2]]) / (sizes[-1] - sizes[-2]) if len(sizes) > 1 else 0.0
+    return points[sizes[-1]] + slope * (size - sizes[-1])
+
+
+@torch.inference_mode()
+def measure_verify_cost(
+    model: torch.nn.Module, prefix_len: int = 256, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 10
+) -> dict[int, float]:
+    """Median forward time (ms) of ``q`` tree tokens over a cached ``prefix_len``-token prefix, for each q."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    device = model.get_output_embeddings().weight.device
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (1, prefix_len), generator=generator).to(device)
+    cache = kv_cache.new_cache()
+    model(input_ids=prefix, **kv_cache.forward_kwargs(model, cache))
+    timings = {}
+    for size in sizes:
+        tree = tree_from_parents([-1] + [(node - 1) // 2 for node in range(1, size)])
+        mask = torch.cat([torch.ones(size, prefix_len, dtype=torch.bool), tree.attention_mask], dim=1)[None, None]
+        ids = torch.randint(0, vocab, (1, size), generator=generator).to(device)
+        positions = (prefix_len + tree.depths)[None].to(device)
+        samples = []
+        for _ in range(repeats + 2):
+            start = time.perf_counter()
+            model(
+                input_ids=ids,
+                attention_mask=mask.to(device),
+                position_ids=positions,
+                **kv_cache.forward_kwargs(model, cache),
+            )
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            samples.append(1000 * (time.perf_counter() - start))
+            kv_cache.crop(cache, prefix_len)
+        timings[size] = statistics.median(samples[2:])
+    return timings

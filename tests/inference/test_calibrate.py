@@ -1,0 +1,91 @@
+"""Tree calibration: greedy growth by path probability, and the size trade-off against the measured cost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import greedy_reference, tiny_model, tiny_tokenizer
+
+from specheads import SpecDecoder
+from specheads.heads import MedusaHeads, load_heads
+from specheads.inference.calibrate import choose_tree, grow_tree, measure_verify_cost
+
+AGREEMENT = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.1], [0.4, 0.1, 0.05]]
+
+
+def test_growth_adds_the_most_probable_node_first() -> None:
+    nodes = grow_tree(AGREEMENT, max_nodes=5)
+    paths = [path for path, _ in nodes]
+    # 0.6, then 0.6*0.5=0.30, then 0.2, then 0.6*0.5*0.4=0.12, then 0.6*0.2=0.12 (ties: heap order by path)
+    assert paths[:3] == [(0,), (0, 0), (1,)]
+    assert set(paths[3:]) <= {(0, 0, 0), (0, 1), (2,), (1, 0)}
+    probabilities = [p for _, p in nodes]
+    assert probabilities == sorted(probabilities, reverse=True)
+    for path in paths:  # every prefix is a valid tree: parents come before children
+        assert len(path) == 1 or path[:-1] in paths[: paths.index(path)]
+
+
+def test_a_free_verifier_takes_the_largest_tree_and_a_linear_one_a_small_tree() -> None:
+    flat = choose_tree(AGREEMENT, {1: 10.0, 64: 10.0}, max_nodes=20)
+    assert len(flat.choices) == 20
+    linear = choose_tree(AGREEMENT, {1: 10.0, 64: 640.0}, max_nodes=20)
+    assert len(linear.choices) <= 1  # each extra node costs a whole forward: speculation barely pays
+    middle = choose_tree(AGREEMENT, {1: 10.0, 4: 11.0, 16: 20.0, 64: 80.0}, max_nodes=40)
+    assert 1 < len(middle.choices) < 40
+    expected_tau = 1 + sum(p for _, p in grow_tree(AGREEMENT, len(middle.choices)))
+    assert middle.expected_tau == pytest.approx(expected_tau)
+
+
+def test_measure_verify_cost_returns_positive_times() -> None:
+    timings = measure_verify_cost(tiny_model("llama"), prefix_len=16, sizes=(1, 4), repeats=2)
+    assert set(timings) == {1, 4} and all(t > 0 for t in timings.values())
+
+
+def test_calibrate_command_writes_an_auto_tree_that_decodes_losslessly(tmp_path) -> None:
+    from specheads.cli import main
+
+    base = tiny_model("llama", seed=1)
+    base.save_pretrained(tmp_path / "base")
+    tiny_tokenizer().save_pretrained(tmp_path / "base")
+    MedusaHeads.from_base(base, num_heads=3).save_pretrained(tmp_path / "heads")
+    (tmp_path / "data.txt").write_text("def f(x):\n    return x * 2\n" * 40)
+    assert (
+        main(
+            [
+                "calibrate",
+                "--base",
+                str(tmp_path / "base"),
+                "--heads",
+                str(tmp_path / "heads"),
+                "--data",
+                str(tmp_path / "data.txt"),
+                "--max-length",
+                "64",
+                "--batches",
+                "2",
+                "--max-nodes",
+                "12",
+            ]
+        )
+        == 0
+    )
+    record = json.loads((tmp_path / "heads" / "tree.json").read_text())
+    heads = load_heads(tmp_path / "heads", base)
+    assert heads.calibrated_tree == record["choices"]
+    decoder = SpecDecoder.from_pretrained(base, heads=str(tmp_path / "heads"))
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    out = decoder.generate(prompt, max_new_tokens=12, tree="auto")  # an empty tree decodes plainly
+    assert torch.equal(out.sequences, greedy_reference(base, prompt, 12))
+    assert max(out.stats.drafted_depths) == max((len(path) for path in record["choices"]), default=0)
+
+
+def test_auto_tree_without_calibration_is_a_clear_error(tmp_path) -> None:
+    base = tiny_model("llama", seed=1)
+    MedusaHeads.from_base(base, num_heads=2).save_pretrained(tmp_path)
+    decoder = SpecDecoder.from_pretrained(base, heads=str(tmp_path))
+    with pytest.raises(ValueError, match="specheads calibrate"):
+        decoder.generate(torch.tensor([[3, 4]]), max_new_tokens=3, tree="auto")
+    with pytest.raises(ValueError, match="calibrated for Medusa heads"):
+        SpecDecoder(base).generate(torch.tensor([[3, 4]]), max_new_tokens=3, tree="auto")
