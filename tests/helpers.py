@@ -61,22 +61,10 @@ def greedy_reference(model: PreTrainedModel, prompt: torch.Tensor, max_new_token
     )
 
 
-class OracleTreeDrafter:
-    """A tree drafter for tests: one branch of a static tree carries the base's true greedy continuation.
+class _StubDrafter:
+    """The parts of the drafter protocol that test drafters do not need."""
 
-    At each depth a random rank is chosen to hold the correct token; every other node gets a wrong token. The
-    accepted path therefore wanders through the tree (non-contiguous cache slots) and stops where the tree ends.
-    With ``wrong_after`` the correct branch stops after that many depths (a forced rejection).
-    """
-
-    name = "oracle-tree"
     hidden_state_layers: tuple[int, ...] = ()
-
-    def __init__(self, base: PreTrainedModel, tree, seed: int = 0, wrong_after: int | None = None) -> None:
-        self.base = base
-        self.tree = tree
-        self.generator = torch.Generator().manual_seed(seed)
-        self.wrong_after = wrong_after
 
     def check_request(self, request) -> None:
         return None
@@ -86,6 +74,23 @@ class OracleTreeDrafter:
 
     def accepted(self, state, num_accepted) -> None:
         return None
+
+
+class OracleTreeDrafter(_StubDrafter):
+    """A tree drafter for tests: one branch of a static tree carries the base's true greedy continuation.
+
+    At each depth a random rank is chosen to hold the correct token; every other node gets a wrong token. The
+    accepted path therefore wanders through the tree (non-contiguous cache slots) and stops where the tree ends.
+    With ``wrong_after`` the correct branch stops after that many depths (a forced rejection).
+    """
+
+    name = "oracle-tree"
+
+    def __init__(self, base: PreTrainedModel, tree, seed: int = 0, wrong_after: int | None = None) -> None:
+        self.base = base
+        self.tree = tree
+        self.generator = torch.Generator().manual_seed(seed)
+        self.wrong_after = wrong_after
 
     def propose(self, state, request):
         from specheads.inference.state import Proposal
@@ -113,25 +118,15 @@ class OracleTreeDrafter:
         return Proposal(tokens=torch.tensor([tokens]), tree=tree, draft_probs=None)
 
 
-class RandomTreeDrafter:
+class RandomTreeDrafter(_StubDrafter):
     """Deterministic (q = None) random candidates on a static tree, for the sampling invariant."""
 
     name = "random-tree"
-    hidden_state_layers: tuple[int, ...] = ()
 
     def __init__(self, tree, vocab_size: int, seed: int = 0) -> None:
         self.tree = tree
         self.vocab_size = vocab_size
         self.generator = torch.Generator().manual_seed(seed)
-
-    def check_request(self, request) -> None:
-        return None
-
-    def reset(self, state) -> None:
-        return None
-
-    def accepted(self, state, num_accepted) -> None:
-        return None
 
     def propose(self, state, request):
         from specheads.inference.state import Proposal

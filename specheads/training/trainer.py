@@ -337,25 +337,18 @@ def _resume(run: Run) -> None:
 
 
 def _guard_output_dir(config: RecipeConfig, output: Path, accelerator: Accelerator) -> None:
-    """Refuse an output directory that holds another run, unless told to overwrite it."""
+    """Refuse an output directory that holds another run (or checkpoints not to resume), unless told to overwrite."""
     recorded = output / RUN_CONFIG
-    current = _run_identity(config.to_dict())
-    if recorded.is_file() and _run_identity(json.loads(recorded.read_text())) != current:
-        if not config.train.overwrite:
-            raise ConfigError(
-                f"{output} holds a different run (its {RUN_CONFIG} differs); choose another "
-                "output.dir or set train.overwrite=true to replace it"
-            )
-        if accelerator.is_main_process:
-            shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
-    elif recorded.is_file() and config.train.resume == "never" and latest_checkpoint(output) is not None:
-        if not config.train.overwrite:
-            raise ConfigError(
-                f"{output} holds checkpoints and train.resume=never; set train.resume=auto to "
-                "continue or train.overwrite=true to start over"
-            )
-        if accelerator.is_main_process:
-            shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
+    conflict = None
+    if recorded.is_file():
+        if _run_identity(json.loads(recorded.read_text())) != _run_identity(config.to_dict()):
+            conflict = f"{output} holds a different run (its {RUN_CONFIG} differs); choose another output.dir"
+        elif config.train.resume == "never" and latest_checkpoint(output) is not None:
+            conflict = f"{output} holds checkpoints and train.resume=never; set train.resume=auto to continue"
+    if conflict and not config.train.overwrite:
+        raise ConfigError(f"{conflict} or set train.overwrite=true to start over")
+    if conflict and accelerator.is_main_process:
+        shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
