@@ -67,3 +67,19 @@ def head_agreement(
         "agreement_by_rank": (by_rank / denominator[:, None]).tolist(),
         "positions": [int(c) for c in counts],
     }
+
+
+@torch.inference_mode()
+def heldout_lm_loss(model: torch.nn.Module, batches: Any, max_batches: int | None = None) -> float:
+    """Mean next-token cross-entropy (nats/token) of ``model`` over the counted tokens of ``batches``."""
+    total, count = 0.0, 0
+    for index, batch in enumerate(batches):
+        if max_batches is not None and index >= max_batches:
+            break
+        input_ids = batch["input_ids"].long()
+        logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"]).logits[:, :-1]
+        mask = batch["loss_mask"][:, 1:].bool() & batch["attention_mask"][:, 1:].bool()
+        losses = torch.nn.functional.cross_entropy(logits[mask].float(), input_ids[:, 1:][mask], reduction="sum")
+        total += float(losses)
+        count += int(mask.sum())
+    return total / max(count, 1)

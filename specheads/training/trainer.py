@@ -31,7 +31,7 @@ from specheads.heads.medusa import MedusaHeads
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.training.config import ConfigError, RecipeConfig
 from specheads.training.data import build_dataset
-from specheads.training.evaluate import head_agreement
+from specheads.training.evaluate import head_agreement, heldout_lm_loss
 from specheads.training.losses import distillation_loss, lm_loss, medusa2_head_weights, medusa_loss
 
 CHECKPOINTS = "checkpoints"
@@ -413,12 +413,21 @@ def evaluate(run: Run, heads: torch.nn.Module) -> dict[str, Any] | None:
         )
     loader = torch.utils.data.DataLoader(dataset.with_format("torch"), batch_size=run.config.train.batch_size)
     device = run.accelerator.device
-    batches = ({key: value.to(device) for key, value in batch.items()} for batch in loader)
+
+    def batches() -> Any:
+        return ({key: value.to(device) for key, value in batch.items()} for batch in loader)
+
     base = run.accelerator.unwrap_model(run.base)
-    was_training = heads.training
+    was_training, base_was_training = heads.training, base.training
     heads.eval()
-    result = head_agreement(base, heads, batches, max_batches=config.eval_batches)
+    base.eval()
+    result = head_agreement(base, heads, batches(), max_batches=config.eval_batches)
+    if run.config.lora.enabled:  # what Medusa-2 costs the base: held-out loss with and without the adapter
+        result["base_heldout_loss_fine_tuned"] = heldout_lm_loss(base, batches(), config.eval_batches)
+        with base.disable_adapter():
+            result["base_heldout_loss_original"] = heldout_lm_loss(base, batches(), config.eval_batches)
     heads.train(was_training)
+    base.train(base_was_training)
     return result
 
 

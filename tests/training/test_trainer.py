@@ -198,10 +198,20 @@ def test_medusa2_lora_exports_an_adapter_that_decoding_merges(workspace, tmp_pat
     assert torch.equal(decoder.generate(prompt, max_new_tokens=16).sequences, reference)
 
 
-def test_medusa2_self_distillation_runs(workspace, tmp_path) -> None:
-    extra = {"lora.enabled": "true", "lora.r": 4, "lora.self_distillation": "true", "train.steps": 4}
+def test_medusa2_self_distillation_runs_and_reports_the_base_loss(workspace, tmp_path) -> None:
+    extra = {
+        "lora.enabled": "true",
+        "lora.r": 4,
+        "lora.self_distillation": "true",
+        "train.steps": 4,
+        "data.eval_paths": f"[{workspace / 'data'}]",
+        "data.eval_batches": 2,
+    }
     heads_dir = train(load_config(None, _overrides(workspace, tmp_path / "sd", **extra)))
     assert (heads_dir / "model.safetensors").is_file()
+    evaluation = json.loads((heads_dir / "eval.json").read_text())
+    assert evaluation["base_heldout_loss_original"] > 0
+    assert evaluation["base_heldout_loss_fine_tuned"] > 0
 
 
 def test_heldout_evaluation_reports_agreement_per_head(workspace, tmp_path) -> None:
