@@ -135,7 +135,7 @@ def _bench(args: argparse.Namespace) -> int:
         draft = load_causal_lm(args.draft_model, device=base.device, role="draft")
     draft_ks = [int(k) for k in args.draft_k.split(",") if k.strip()]
     only = [m.strip() for m in args.methods.split(",")] if args.methods else None
-    heads = _bench_heads(args.heads, base)
+    heads, base, merged = _bench_heads(args.heads, base)
     trees = [t.strip() for t in args.medusa_trees.split(",") if t.strip()]
     methods = build_methods(
         base, draft, draft_ks=draft_ks, lookup_k=args.lookup_k, only=only, heads=heads, medusa_trees=trees
@@ -144,7 +144,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     report = {
         "machine": machine_info(),
-        "base": model_info(base, args.base),
+        "base": model_info(base, args.base + (" + Medusa-2 LoRA (merged)" if merged else "")),
         "draft": model_info(draft, args.draft_model) if draft is not None else None,
         "prompts": len(prompts),
         "prompts_file": str(prompts_path),
@@ -161,21 +161,25 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_heads(paths: list[str], base) -> list:  # noqa: ANN001 - a PreTrainedModel
+def _bench_heads(paths: list[str], base) -> tuple[list, object, bool]:  # noqa: ANN001 - a PreTrainedModel
+    """Load --heads onto the base; a single Medusa-2 checkpoint replaces the base by its merged fine-tuned model."""
     from pathlib import Path
 
     from specheads.heads import load_heads
 
-    loaded = []
-    for index, path in enumerate(paths):
-        if (Path(path) / "adapter").is_dir():
-            raise ValueError(
-                f"{path} holds a Medusa-2 LoRA adapter: its base is the merged model, not --base; "
-                "bench the merged model with its heads instead"
-            )
-        label = "medusa" if len(paths) == 1 else f"medusa{index + 1}"
-        loaded.append((label, load_heads(path, base)))
-    return loaded
+    with_adapter = [path for path in paths if (Path(path) / "adapter").is_dir()]
+    if with_adapter and len(paths) > 1:
+        raise ValueError(
+            f"{with_adapter[0]} holds a Medusa-2 LoRA adapter: its base is a different (merged) model; "
+            "bench it on its own, with a single --heads"
+        )
+    if with_adapter:
+        from specheads.inference.decoder import _load_medusa
+
+        heads, merged = _load_medusa(paths[0], base)
+        return [("medusa2", heads)], merged, True
+    labels = ["medusa"] if len(paths) == 1 else [f"medusa{index + 1}" for index in range(len(paths))]
+    return [(label, load_heads(path, base)) for label, path in zip(labels, paths, strict=True)], base, False
 
 
 def _add_demo(subparsers: argparse._SubParsersAction) -> None:

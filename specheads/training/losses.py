@@ -38,13 +38,16 @@ def head_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, head: int) ->
     return input_ids[:, shift:], loss_mask[:, shift:].bool()
 
 
-def medusa_loss(head_logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> HeadLosses:
+def medusa_loss(
+    head_logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, accuracy: bool = True
+) -> HeadLosses:
     """Cross-entropy of each Medusa head against the tokens 2 + k positions ahead.
 
     Args:
         head_logits: ``[K, B, T, V]`` logits of every head at every position.
         input_ids: ``[B, T]``.
         loss_mask: ``[B, T]``.
+        accuracy: also compute top-1/top-5 (a top-k over the vocabulary: skip it on steps that do not log).
     """
     losses, top1, top5, counts = [], [], [], []
     for head in range(head_logits.shape[0]):
@@ -59,6 +62,11 @@ def medusa_loss(head_logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: t
             top5.append(zero.detach())
         else:
             losses.append(F.cross_entropy(logits.float(), wanted))
+            if not accuracy:
+                top1.append(torch.full((), float("nan"), device=logits.device))
+                top5.append(torch.full((), float("nan"), device=logits.device))
+                counts.append(torch.tensor(float(count), device=head_logits.device))
+                continue
             with torch.no_grad():
                 best = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # [M, 5]
                 top1.append((best[:, 0] == wanted).float().mean())

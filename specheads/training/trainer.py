@@ -198,7 +198,7 @@ def train_loop(run: Run) -> None:
                 continue
             run.step += 1
             progress.update(1)
-            progress.set_postfix(loss=f"{metrics['loss']:.3f}", top1=f"{metrics['head_0/top1']:.2f}")
+            progress.set_postfix(loss=f"{metrics['loss']:.3f}")
             if run.step % config.log.every == 0 or run.step == run.total_steps:
                 metrics.update(
                     lr=run.scheduler.get_last_lr()[0], tokens_per_s=tokens / max(time.perf_counter() - started, 1e-9)
@@ -237,7 +237,8 @@ def _train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
             logits_to_keep=0 if config.lora.enabled else 1,
         )
     hidden = out.hidden_states[-1].float()  # [B, T, H] the state the base's lm_head reads
-    head_losses = medusa_loss(run.heads(hidden), input_ids, loss_mask)
+    logging_step = (run.step + 1) % config.log.every == 0 or run.step + 1 == run.total_steps
+    head_losses = medusa_loss(run.heads(hidden), input_ids, loss_mask, accuracy=logging_step)
     if config.lora.enabled:
         ramp = config.lora.head_weight_warmup_steps
         schedule = min(1.0, (run.step + 1) / ramp) if ramp else 1.0
