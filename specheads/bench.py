@@ -29,7 +29,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.inference.decoder import SpecDecoder
 from specheads.inference.drafters import DraftModelDrafter, MedusaDrafter, NoDrafter, PromptLookupDrafter
-from specheads.inference.trees import resolve_tree
 from specheads.metrics import SpecStats
 from specheads.prompts import Prompt
 
@@ -121,7 +120,7 @@ def build_methods(
     for label, head_module in heads:  # --heads rows are always kept
         for tree in medusa_trees:
             drafter = MedusaDrafter(head_module)
-            if resolve_tree(tree).max_depth > drafter.num_heads:
+            if drafter.resolve(tree).max_depth > drafter.num_heads:
                 continue
             decoder = SpecDecoder(base, drafter)
             methods.append(BenchMethod(f"{label}-{tree}", _tree_runner(decoder, tree), has_stats=True))

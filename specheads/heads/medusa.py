@@ -114,17 +114,19 @@ class MedusaHeads(nn.Module):
         if self.config.share_lm_head:
             self._base_lm_head = [base_model.get_output_embeddings()]
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Logits of every head.
+    def forward(self, hidden_states: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """Logits of the first ``num_heads`` heads (all by default).
 
         Args:
             hidden_states: ``[..., H]`` the base's last hidden states (post final norm).
+            num_heads: compute only heads 0..num_heads-1 (a shallow tree needs no more; each head's vocabulary
+                projection is as large as the base's lm_head, so unused heads are not free at decode time).
 
         Returns:
-            ``[K, ..., V]``: head k's logits for the token k + 2 positions ahead.
+            ``[num_heads, ..., V]``: head k's logits for the token k + 2 positions ahead.
         """
         outputs = []
-        for index, blocks in enumerate(self.blocks):
+        for index, blocks in enumerate(self.blocks[:num_heads]):
             hidden = hidden_states
             for block in blocks:
                 hidden = block(hidden)

@@ -283,7 +283,7 @@ class MedusaDrafter:
         if tree.num_nodes == 0:
             return None
         hidden = state.hidden_states[0][:, -1]  # [B, H] of the last cached token
-        logits = self.heads(hidden)[: tree.max_depth]  # [D, B, V]
+        logits = self.heads(hidden, num_heads=tree.max_depth)  # [D, B, V]
         depths = tree.depths[1:]  # [N]
         ranks = torch.tensor(tree.ranks[1:], dtype=torch.long)  # [N]
         candidates = logits.topk(int(ranks.max()) + 1, dim=-1).indices  # [D, B, R]
