@@ -21,9 +21,20 @@ def run(config_path: str | None, overrides: Sequence[str]) -> int:
     from specheads.training.trainer import train
 
     config = load_config(config_path, list(overrides))
-    heads_dir = train(config)
+    try:
+        heads_dir = train(config)
+    finally:
+        _shutdown_distributed()
     print(f"heads written to {heads_dir}")
     return 0
+
+
+def _shutdown_distributed() -> None:
+    """Tear the process group down explicitly: left to interpreter exit, a gloo group can hang a rank forever."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -158,7 +158,7 @@ def test_two_processes_agree_with_one(workspace, tmp_path) -> None:
         env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=180,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     final = json.loads((out / "final_state.json").read_text())
