@@ -62,17 +62,9 @@ def _hf_runner(model: PreTrainedModel, **generate_kwargs: Any) -> RunFn:
     return run
 
 
-def _spec_runner(decoder: SpecDecoder) -> RunFn:
+def _spec_runner(decoder: SpecDecoder, **generate_kwargs: Any) -> RunFn:
     def run(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], SpecStats]:
-        out = decoder.generate(input_ids, max_new_tokens=max_new_tokens)
-        return out.new_tokens, out.stats
-
-    return run
-
-
-def _tree_runner(decoder: SpecDecoder, tree: str) -> RunFn:
-    def run(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], SpecStats]:
-        out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, tree=tree)
+        out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, **generate_kwargs)
         return out.new_tokens, out.stats
 
     return run
@@ -123,7 +115,7 @@ def build_methods(
             if drafter.resolve(tree).max_depth > drafter.num_heads:
                 continue
             decoder = SpecDecoder(base, drafter)
-            methods.append(BenchMethod(f"{label}-{tree}", _tree_runner(decoder, tree), has_stats=True))
+            methods.append(BenchMethod(f"{label}-{tree}", _spec_runner(decoder, tree=tree), has_stats=True))
     return methods
 
 

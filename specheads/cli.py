@@ -115,10 +115,7 @@ def _bench(args: argparse.Namespace) -> int:
     from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
     from specheads.prompts import load_prompts
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
     if args.max_new_tokens < 1:
         raise ValueError("--max-new-tokens must be >= 1")
     prompts_path = args.prompts
@@ -250,10 +247,7 @@ def _distill(args: argparse.Namespace) -> int:
     from specheads.prompts import load_prompts
     from specheads.training.distill import check_settings, check_unique_ids, distill, read_finished
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
     check_settings(args.max_new_tokens, args.batch_size, args.temperature, args.top_p, args.top_k)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
@@ -320,8 +314,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from specheads.training.evaluate import head_agreement
     from specheads.training.trainer import expand_data_paths
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
     data = args.data or (["default-corpus:heldout"] if args.base == "default" else [])
     if not data:
         raise ValueError("--data is required unless --base default")
@@ -356,6 +349,13 @@ def _calibrate(args: argparse.Namespace) -> int:
         f"{Path(args.heads) / 'tree.json'}"
     )
     return 0
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def build_parser() -> argparse.ArgumentParser:

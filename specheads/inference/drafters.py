@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 from specheads.inference import kv_cache
 from specheads.inference.sampling import probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import chain_choices, tree_from_choices
+from specheads.inference.trees import chain_choices, resolve_tree, tree_from_choices
 
 
 @runtime_checkable
@@ -231,8 +231,6 @@ class MedusaDrafter:
     hidden_state_layers: tuple[int, ...] = (-1,)
 
     def __init__(self, heads: torch.nn.Module, tree: str | list | None = None) -> None:
-        from specheads.inference.trees import resolve_tree
-
         self.heads = heads.eval()
         self.num_heads = heads.config.num_heads
         calibrated = getattr(heads, "calibrated_tree", None)
@@ -245,8 +243,6 @@ class MedusaDrafter:
 
     def resolve(self, tree: str | list):  # noqa: ANN201 - TreeBuffers
         """A tree spec for these heads; ``"auto"`` is the tree calibrated for them on this machine."""
-        from specheads.inference.trees import resolve_tree
-
         if tree == "auto":
             if self.auto_tree is None:
                 raise ValueError("tree='auto' needs a calibrated tree: run `specheads calibrate --base B --heads H`")

@@ -78,11 +78,12 @@ def commit(cache: DynamicCache, keep_indices: torch.Tensor | list[int], prefix_l
         keep_indices: ``[M]`` accepted node indices relative to ``prefix_len``.
         prefix_len: number of positions committed before the verify forward.
     """
-    keep = torch.as_tensor(keep_indices, dtype=torch.long)
-    count = int(keep.numel())
-    if bool((keep == torch.arange(count)).all()):  # a chain prefix: already in place
+    indices = [int(i) for i in keep_indices]
+    count = len(indices)
+    if indices == list(range(count)):  # a chain prefix (every step of a chain drafter): already in place
         crop(cache, prefix_len + count)
         return
+    keep = torch.tensor(indices, dtype=torch.long)
     for layer in _layers(cache):
         if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
             continue
