@@ -34,6 +34,7 @@ def _shutdown_distributed() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # every rank reaches teardown before any leaves
         dist.destroy_process_group()
 
 
