@@ -6,7 +6,9 @@ totals so that noise shows in the report rather than in the conclusion.
 
 Baselines: ``hf-greedy`` (``generate(do_sample=False)``, the denominator of every speed-up), ``hf-assisted``
 (``assistant_model=`` the same draft model, when one is given) and ``hf-prompt-lookup``
-(``prompt_lookup_num_tokens=``). specheads methods: ``none``, ``draft-k{K}`` and ``prompt-lookup``.
+(``prompt_lookup_num_tokens=``). specheads methods: ``none``, ``draft-k{K}``, ``draft-adaptive``, ``prompt-lookup``
+and, for each ``--heads`` checkpoint, ``<head type>-<tree>`` (e.g. ``medusa-chain-3``, ``eagle-dynamic``,
+``eagle-auto``). Rows with statistics report the per-step draft and verify time, which says which tree size pays.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.heads.registry import head_type_of
 from specheads.inference.decoder import SpecDecoder
-from specheads.inference.drafters import DraftModelDrafter, MedusaDrafter, NoDrafter, PromptLookupDrafter
+from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
 from specheads.metrics import SpecStats
 from specheads.prompts import Prompt
 
@@ -78,12 +81,13 @@ def build_methods(
     only: Sequence[str] | None = None,
     draft_confidence: float = 0.4,
     heads: Sequence[tuple[str, torch.nn.Module]] = (),
-    medusa_trees: Sequence[str] = ("chain-2", "chain-3", "binary-7"),
+    trees: dict[str, Sequence[str]] | None = None,
 ) -> list[BenchMethod]:
     """The methods of a benchmark run; ``hf-greedy`` always comes first (it is the reference).
 
     ``draft-adaptive`` drafts up to ``max(draft_ks)`` tokens and stops when the draft's confidence in its token falls
-    below ``draft_confidence`` (0.4 is transformers' initial ``assistant_confidence_threshold``).
+    below ``draft_confidence`` (0.4 is transformers' initial ``assistant_confidence_threshold``). ``heads`` rows use
+    ``trees[head type]`` (default: the head type's ``bench_trees``); a tree the heads cannot decode is skipped.
     """
     pad = base.generation_config.pad_token_id
     if pad is None:
@@ -110,11 +114,14 @@ def build_methods(
             raise ValueError(f"unknown bench methods {unknown}; available: {[m.name for m in methods]}")
         methods = [m for m in methods if m.name == "hf-greedy" or m.name in only]
     for label, head_module in heads:  # --heads rows are always kept
-        for tree in medusa_trees:
-            drafter = MedusaDrafter(head_module)
-            if drafter.resolve(tree).max_depth > drafter.num_heads:
-                continue
+        head_type = head_type_of(head_module)
+        for tree in (trees or {}).get(head_type.name, head_type.bench_trees):
+            drafter = head_type.make_drafter(head_module)
             decoder = SpecDecoder(base, drafter)
+            try:
+                decoder.generate(torch.tensor([[0, 0]]), max_new_tokens=1, tree=tree)  # checks the tree fits
+            except ValueError:
+                continue
             methods.append(BenchMethod(f"{label}-{tree}", _spec_runner(decoder, tree=tree), has_stats=True))
     return methods
 
@@ -167,10 +174,18 @@ def summarize(methods: list[BenchMethod]) -> list[dict[str, Any]]:
                 "acceptance_rate_by_position": method.stats.acceptance_rate_by_position if method.has_stats else None,
                 "matches_greedy": all(method.outputs[key] == reference.outputs[key] for key in reference.outputs),
                 "wall_time_s": sum(method.seconds),
+                "draft_ms_per_step": _per_step_ms(method, "draft_time_s"),
+                "verify_ms_per_step": _per_step_ms(method, "verify_time_s"),
                 "new_tokens": sum(method.new_tokens),
             }
         )
     return rows
+
+
+def _per_step_ms(method: BenchMethod, field_name: str) -> float | None:
+    if not method.has_stats or not method.stats.steps:
+        return None
+    return 1000.0 * getattr(method.stats, field_name) / method.stats.steps
 
 
 def model_info(model: PreTrainedModel, name: str) -> dict[str, Any]:
@@ -223,17 +238,19 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"{report['machine']['date']}",
         "",
         "| method | tokens/s | speedup | per-prompt speedup median [IQR] | tau | acceptance by depth | "
-        "matches greedy |",
-        "|---|---|---|---|---|---|---|",
+        "draft / verify ms per step | matches greedy |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in report["methods"]:
         tau = "-" if row["mean_accepted_length"] is None else f"{row['mean_accepted_length']:.2f}"
         rates = row["acceptance_rate_by_position"]
         rates_text = "-" if not rates else " ".join(f"{r:.2f}" for r in rates)
         low, high = row["speedup_per_prompt_iqr"]
+        draft_ms, verify_ms = row.get("draft_ms_per_step"), row.get("verify_ms_per_step")
+        split = "-" if draft_ms is None else f"{draft_ms:.2f} / {verify_ms:.2f}"
         lines.append(
             f"| {row['name']} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | "
-            f"{row['speedup_per_prompt_median']:.2f} [{low:.2f}, {high:.2f}] | {tau} | {rates_text} | "
+            f"{row['speedup_per_prompt_median']:.2f} [{low:.2f}, {high:.2f}] | {tau} | {rates_text} | {split} | "
             f"{'yes' if row['matches_greedy'] else 'NO'} |"
         )
     return "\n".join(lines) + "\n"

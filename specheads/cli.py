@@ -7,8 +7,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-METHOD_CHOICES = ("medusa", "draft", "prompt-lookup", "none")
+from specheads.heads.registry import HEAD_TYPES
+
+METHOD_CHOICES = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
 
 
 def _add_generate(subparsers: argparse._SubParsersAction) -> None:
@@ -20,14 +23,23 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
     parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
     parser.add_argument("--draft-model", help="draft model sharing the base's tokenizer (method 'draft')")
-    parser.add_argument("--heads", help="Medusa head checkpoint directory (method 'medusa')")
+    parser.add_argument(
+        "--heads",
+        help="head checkpoint directory (Medusa or EAGLE; 'default' with --base default: the shipped EAGLE-3)",
+    )
     parser.add_argument("--method", choices=METHOD_CHOICES, help="drafting method (inferred when omitted)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--acceptance", default="auto", help="auto | greedy | rejection | typical | threshold | alpha")
-    parser.add_argument("--tree", help="'chain-K', a tree name under configs/trees/ or a tree JSON file")
+    parser.add_argument(
+        "--tree",
+        help="'chain-K', a tree name, a tree JSON file, 'auto' (calibrated) or 'dynamic' (EAGLE-2, EAGLE heads)",
+    )
+    parser.add_argument("--tree-top-k", type=int, help="dynamic tree: nodes expanded per depth")
+    parser.add_argument("--depth", type=int, help="dynamic tree: draft levels")
+    parser.add_argument("--total-tokens", type=int, help="dynamic tree: drafted nodes verified per step")
     parser.add_argument("--num-speculative-tokens", type=int, help="K drafted tokens per step (chain drafters)")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: where the model loads)")
@@ -55,6 +67,9 @@ def _generate(args: argparse.Namespace) -> int:
         acceptance=args.acceptance,
         tree=args.tree,
         seed=args.seed,
+        tree_top_k=args.tree_top_k,
+        depth=args.depth,
+        total_tokens=args.total_tokens,
     )
     if args.json:
         out = decoder.generate(prompt, max_new_tokens=args.max_new_tokens, **kwargs)
@@ -81,11 +96,20 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
     parser.add_argument("--draft-model", help="draft model for draft-k* and hf-assisted ('default' with the default)")
-    parser.add_argument("--heads", action="append", default=[], help="Medusa head checkpoint dir (repeatable)")
     parser.add_argument(
-        "--medusa-trees",
-        default="chain-2,chain-3,binary-7",
-        help="comma-separated trees for the medusa rows (deeper than the heads: skipped)",
+        "--heads",
+        action="append",
+        default=[],
+        help="head checkpoint dir, Medusa or EAGLE (repeatable; 'default' with --base default: the shipped EAGLE-3)",
+    )
+    parser.add_argument(
+        "--trees",
+        action="append",
+        default=[],
+        help="TYPE=T1,T2: trees for the rows of one head type, e.g. medusa=chain-2,binary-7 or "
+        "eagle=chain-3,dynamic,auto (default: "
+        + "; ".join(f"{name}={','.join(entry.bench_trees)}" for name, entry in HEAD_TYPES.items())
+        + "; trees that do not fit the heads are skipped)",
     )
     parser.add_argument("--tokenizer", help="tokenizer (default: the base's)")
     parser.add_argument("--prompts", help="JSONL prompts file (default with --base default: the shipped prompts)")
@@ -133,9 +157,8 @@ def _bench(args: argparse.Namespace) -> int:
     draft_ks = [int(k) for k in args.draft_k.split(",") if k.strip()]
     only = [m.strip() for m in args.methods.split(",")] if args.methods else None
     heads, base, merged = _bench_heads(args.heads, base)
-    trees = [t.strip() for t in args.medusa_trees.split(",") if t.strip()]
     methods = build_methods(
-        base, draft, draft_ks=draft_ks, lookup_k=args.lookup_k, only=only, heads=heads, medusa_trees=trees
+        base, draft, draft_ks=draft_ks, lookup_k=args.lookup_k, only=only, heads=heads, trees=_tree_lists(args.trees)
     )
     run_bench(methods, prompts, tokenizer, args.max_new_tokens, repeats=args.repeats)
 
@@ -158,25 +181,39 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tree_lists(values: list[str]) -> dict[str, list[str]]:
+    trees = {}
+    for value in values:
+        kind, _, names = value.partition("=")
+        if kind not in HEAD_TYPES or not names:
+            raise ValueError(f"--trees {value!r}: write TYPE=T1,T2 with TYPE one of {sorted(HEAD_TYPES)}")
+        trees[kind] = [name.strip() for name in names.split(",") if name.strip()]
+    return trees
+
+
 def _bench_heads(paths: list[str], base) -> tuple[list, object, bool]:  # noqa: ANN001 - a PreTrainedModel
-    """Load --heads onto the base; a single Medusa-2 checkpoint replaces the base by its merged fine-tuned model."""
-    from pathlib import Path
+    """Load --heads onto the base; a single Medusa-2 checkpoint replaces the base by its merged fine-tuned model.
 
-    from specheads.heads import load_heads
+    Rows are labelled by head type (``medusa``, ``eagle``), numbered when several checkpoints share one.
+    """
+    from specheads.heads.loading import ADAPTER_DIR, heads_for_decoding
+    from specheads.heads.registry import head_type_of
+    from specheads.inference.decoder import _heads_path
 
-    with_adapter = [path for path in paths if (Path(path) / "adapter").is_dir()]
+    paths = [_heads_path(path) for path in paths]
+    with_adapter = [path for path in paths if (Path(path) / ADAPTER_DIR).is_dir()]
     if with_adapter and len(paths) > 1:
         raise ValueError(
             f"{with_adapter[0]} holds a Medusa-2 LoRA adapter: its base is a different (merged) model; "
             "bench it on its own, with a single --heads"
         )
     if with_adapter:
-        from specheads.inference.decoder import _load_medusa
-
-        heads, merged = _load_medusa(paths[0], base)
+        heads, merged = heads_for_decoding(paths[0], base)
         return [("medusa2", heads)], merged, True
-    labels = ["medusa"] if len(paths) == 1 else [f"medusa{index + 1}" for index in range(len(paths))]
-    return [(label, load_heads(path, base)) for label, path in zip(labels, paths, strict=True)], base, False
+    loaded = [heads_for_decoding(path, base)[0] for path in paths]
+    kinds = [head_type_of(heads).name for heads in loaded]
+    labels = [kind if kinds.count(kind) == 1 else f"{kind}{kinds[: i + 1].count(kind)}" for i, kind in enumerate(kinds)]
+    return list(zip(labels, loaded, strict=True)), base, False
 
 
 def _add_demo(subparsers: argparse._SubParsersAction) -> None:

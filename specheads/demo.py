@@ -75,7 +75,7 @@ def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | No
         draft_ks=(DEMO_DRAFT_K,),
         only=["none", "draft-adaptive", "prompt-lookup"],
         heads=[("medusa", heads)],
-        medusa_trees=(DEMO_TREE,),
+        trees={"medusa": (DEMO_TREE,)},
     )
     run_bench(methods, [prompt], tokenizer, max_new_tokens, repeats=REPEATS, progress=False)
     rows = summarize(methods)

@@ -8,7 +8,6 @@ the base's lm_head (Medusa-1) or the base's lm_head itself (``share_lm_head=True
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from specheads.heads.checkpoint import (
-    HeadCheckpointError,
-    base_model_info,
-    check_base,
-    read_checkpoint,
-    save_checkpoint,
-)
+from specheads.heads.checkpoint import HeadCheckpointError, base_model_info, check_base, save_checkpoint
 
 
 class ResBlock(nn.Module):
@@ -158,32 +151,3 @@ class MedusaHeads(nn.Module):
                 f"{where}: tensors do not match the config (missing {missing[:4]}, unexpected {unexpected[:4]})"
             )
         return heads
-
-
-def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None) -> nn.Module:
-    """Load a native head checkpoint; the head class comes from ``config.json``'s ``head_type``.
-
-    Args:
-        directory: the checkpoint directory.
-        base_model: when given, the heads are checked against it (and bound to it when they share its lm_head).
-
-    Raises:
-        HeadCheckpointError: missing, corrupt or pickled files; unknown head type; heads made for another base.
-    """
-    config, tensors = read_checkpoint(directory)
-    head_type = config.get("head_type")
-    if head_type not in HEAD_TYPES:
-        raise HeadCheckpointError(f"{directory}: unknown head_type {head_type!r}; known: {sorted(HEAD_TYPES)}")
-    heads = HEAD_TYPES[head_type].from_checkpoint(config, tensors, str(directory))
-    calibrated = Path(directory) / CALIBRATED_TREE
-    if calibrated.is_file():  # written by `specheads calibrate`: the best tree for these heads on that machine
-        heads.calibrated_tree = json.loads(calibrated.read_text())["choices"]
-    if base_model is not None:
-        heads.attach_base(base_model)
-        lm_head = base_model.get_output_embeddings().weight
-        heads.to(device=lm_head.device, dtype=lm_head.dtype)
-    return heads.eval()
-
-
-HEAD_TYPES: dict[str, Any] = {"medusa": MedusaHeads}
-CALIBRATED_TREE = "tree.json"

@@ -20,22 +20,23 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.heads.registry import HEAD_TYPES, head_type_of
 from specheads.inference import kv_cache
 from specheads.inference.acceptance import ACCEPTANCE_RULES, AcceptanceOptions, resolve_rule
 from specheads.inference.drafters import (
     Drafter,
     DraftModelDrafter,
-    MedusaDrafter,
     NoDrafter,
     PromptLookupDrafter,
     check_same_vocabulary,
 )
 from specheads.inference.sampling import SamplingParams, probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import resolve_tree
+from specheads.inference.trees import DynamicTree, resolve_tree
 from specheads.metrics import SpecStats
 
-METHODS = ("medusa", "eagle", "draft", "prompt-lookup", "none")
+METHODS = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
+DYNAMIC_TREE_KWARGS = {"tree_top_k": "top_k", "depth": "depth", "total_tokens": "total_tokens"}
 
 
 @dataclass
@@ -103,18 +104,18 @@ class SpecDecoder:
     ) -> SpecDecoder:
         """Load a base (and a drafter) by name or path, or wrap models already in memory.
 
-        ``method`` is inferred when None: ``"draft"`` with a draft model, ``"none"`` otherwise.
+        ``method`` is inferred when None: the head type of ``heads`` (``"medusa"`` or ``"eagle"``, read from the
+        checkpoint's config), ``"draft"`` with a draft model, ``"none"`` otherwise. ``heads="default"`` with
+        ``base="default"`` are the EAGLE-3 heads shipped for the embedded default model.
         """
         from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
 
         if method is None:
-            method = "draft" if draft_model is not None else ("medusa" if heads is not None else "none")
+            method = "draft" if draft_model is not None else (_heads_method(heads) if heads is not None else "none")
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {list(METHODS)}")
-        if method == "eagle":
-            raise NotImplementedError("EAGLE heads are not part of this release yet")
-        if method == "medusa" and heads is None:
-            raise ValueError("method 'medusa' needs heads= (a head checkpoint directory or a MedusaHeads module)")
+        if method in HEAD_TYPES and heads is None:
+            raise ValueError(f"method {method!r} needs heads= (a head checkpoint directory or a heads module)")
         if method == "draft" and draft_model is None:
             raise ValueError("method 'draft' needs draft_model=")
         base_model = load_causal_lm(base, dtype=dtype, device=device)
@@ -126,9 +127,13 @@ class SpecDecoder:
             check_same_tokenizer(tokenizer, draft_model)
             draft = load_causal_lm(draft_model, dtype=dtype, device=base_model.device, role="draft")
             drafter = DraftModelDrafter(draft, num_speculative_tokens or 5)
-        elif method == "medusa":
-            loaded_heads, base_model = _load_medusa(heads, base_model)
-            drafter = MedusaDrafter(loaded_heads)
+        elif method in HEAD_TYPES:
+            from specheads.heads.loading import heads_for_decoding
+
+            loaded_heads, base_model = heads_for_decoding(_heads_path(heads), base_model)
+            if head_type_of(loaded_heads).name != method:
+                raise ValueError(f"method {method!r} was asked for but the heads are {head_type_of(loaded_heads).name}")
+            drafter = HEAD_TYPES[method].make_drafter(loaded_heads)
         elif method == "prompt-lookup":
             drafter = PromptLookupDrafter(num_speculative_tokens or 10)
         else:
@@ -339,6 +344,7 @@ class SpecDecoder:
             "posterior_alpha",
             "acceptance_threshold",
             "alpha",
+            *DYNAMIC_TREE_KWARGS,
         }
         unknown = sorted(set(kwargs) - known)
         if unknown:
@@ -353,7 +359,7 @@ class SpecDecoder:
             generator = torch.Generator(device=self.model.device)
             seed = kwargs.get("seed")
             generator.manual_seed(seed) if seed is not None else generator.seed()
-        tree = kwargs.get("tree")
+        tree = self._dynamic_tree(kwargs)
         request = DraftRequest(
             sampling=sampling,
             generator=generator,
@@ -364,13 +370,28 @@ class SpecDecoder:
         self.drafter.check_request(request)
         return _Settings(max_new_tokens, sampling, rule, options, self._eos_ids(kwargs.get("eos_token_id")), request)
 
+    def _dynamic_tree(self, kwargs: dict[str, Any]) -> Any:
+        """``tree="dynamic"`` with any of ``tree_top_k`` / ``depth`` / ``total_tokens`` set becomes a DynamicTree."""
+        tree = kwargs.get("tree")
+        given = {DYNAMIC_TREE_KWARGS[k]: kwargs[k] for k in DYNAMIC_TREE_KWARGS if kwargs.get(k) is not None}
+        if not given:
+            return tree
+        if tree != "dynamic":
+            raise ValueError(
+                f"{sorted(k for k in DYNAMIC_TREE_KWARGS if k in kwargs)} set a dynamic tree: pass tree='dynamic'"
+            )
+        defaults = getattr(self.drafter, "dynamic", None)
+        if not isinstance(defaults, DynamicTree):
+            raise ValueError(f"tree='dynamic' (EAGLE-2) needs EAGLE heads; method {self.drafter.name!r} has none")
+        return DynamicTree(**{**vars(defaults), **given})
+
     def _resolve_tree(self, tree: Any) -> Any:
         """Trees are data; ``"auto"`` asks the drafter for the tree calibrated for it."""
         resolve = getattr(self.drafter, "resolve", None)
         if resolve is not None:
             return resolve(tree)
         if tree == "auto":
-            raise ValueError(f"tree='auto' is calibrated for Medusa heads; method {self.drafter.name!r} has none")
+            raise ValueError(f"tree='auto' is calibrated for draft heads; method {self.drafter.name!r} has none")
         return resolve_tree(tree)
 
     def _eos_ids(self, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
@@ -405,24 +426,23 @@ def _tree_mask(tree_mask: torch.Tensor, prefix_len: int, device: torch.device) -
     return torch.cat([prefix, tree_mask], dim=1)[None, None].to(device)
 
 
-def _load_medusa(
-    heads: str | Path | torch.nn.Module, base_model: PreTrainedModel
-) -> tuple[torch.nn.Module, PreTrainedModel]:
-    """Heads bound to the base; a Medusa-2 checkpoint's LoRA adapter is merged into the base first.
+def _heads_path(heads: str | Path | torch.nn.Module) -> str | Path | torch.nn.Module:
+    """``"default"`` names the EAGLE-3 heads shipped with the embedded default model."""
+    if isinstance(heads, str) and heads == "default":
+        from specheads import assets
 
-    The heads are checked against the original base (their fingerprint), then bound to the merged one: decoding is
-    lossless relative to the fine-tuned base, which is what Medusa-2 serves.
-    """
-    from specheads.heads.medusa import load_heads
+        return assets.resolve("default", role="eagle3")
+    return heads
 
+
+def _heads_method(heads: str | Path | torch.nn.Module) -> str:
+    """The head type of a heads module or checkpoint directory (its ``head_type``)."""
     if isinstance(heads, torch.nn.Module):
-        heads.attach_base(base_model)
-        return heads, base_model
-    loaded = load_heads(heads, base_model)
-    adapter = Path(heads) / "adapter"
-    if adapter.is_dir():
-        from peft import PeftModel
+        return head_type_of(heads).name
+    import json
 
-        base_model = PeftModel.from_pretrained(base_model, str(adapter)).merge_and_unload().eval()
-        loaded.bind_base(base_model)
-    return loaded, base_model
+    config = Path(_heads_path(heads)) / "config.json"
+    try:
+        return str(json.loads(config.read_text()).get("head_type", "medusa"))
+    except (OSError, ValueError):
+        return "medusa"  # the loader names what is wrong with the directory

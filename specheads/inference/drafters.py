@@ -234,7 +234,7 @@ class MedusaDrafter:
         self.heads = heads.eval()
         self.num_heads = heads.config.num_heads
         calibrated = getattr(heads, "calibrated_tree", None)
-        self.auto_tree = resolve_tree(calibrated) if calibrated else None
+        self.auto_tree = resolve_tree(calibrated) if calibrated is not None else None  # [] is a valid tree
         if tree is None:
             self.default_tree = self.auto_tree or resolve_tree(f"chain-{self.num_heads}")
         else:

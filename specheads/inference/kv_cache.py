@@ -93,3 +93,14 @@ def commit(cache: DynamicCache, keep_indices: torch.Tensor | list[int], prefix_l
         layer.values[..., prefix_len : prefix_len + count, :] = layer.values.index_select(-2, source)
         layer.keys = layer.keys[..., : prefix_len + count, :]
         layer.values = layer.values[..., : prefix_len + count, :]
+
+
+@lru_cache(maxsize=32)
+def _layer_cache_argument(module_cls: type) -> str:
+    parameters = inspect.signature(module_cls.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def layer_kwargs(module: torch.nn.Module, cache: DynamicCache | None) -> dict[str, Any]:
+    """Keyword arguments that hand ``cache`` to a transformers attention or decoder-layer module's forward."""
+    return {_layer_cache_argument(type(module)): cache}

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from specheads.inference.sampling import SamplingParams
-from specheads.inference.trees import TreeBuffers
+from specheads.inference.trees import DynamicTree, TreeBuffers
 from specheads.metrics import SpecStats
 
 
@@ -64,14 +64,14 @@ class DraftRequest:
         generator: random source for sampling drafters.
         max_depth: the deepest useful draft (tokens left to generate minus one, within the model's length limit).
         num_speculative_tokens: K for chain drafters (None: the drafter's default).
-        tree: the static tree for tree drafters (None: the drafter's default).
+        tree: the tree for tree drafters: static buffers or an EAGLE-2 :class:`DynamicTree` (None: the default).
     """
 
     sampling: SamplingParams
     generator: torch.Generator | None
     max_depth: int
     num_speculative_tokens: int | None = None
-    tree: TreeBuffers | None = None
+    tree: TreeBuffers | DynamicTree | None = None
 
 
 @dataclass

@@ -72,6 +72,31 @@ class TreeBuffers:
         return tree_from_choices(tuple(c for c in self.choices if len(c) <= max_depth))
 
 
+@dataclass(frozen=True)
+class DynamicTree:
+    """An EAGLE-2 dynamic tree, grown at decode time from the draft's confidence (Li et al. 2024, arXiv 2406.16858).
+
+    Attributes:
+        top_k: nodes expanded per depth, and children kept per expanded node.
+        depth: draft levels below the root.
+        total_tokens: drafted nodes verified (the best by path probability; the root not counted).
+    """
+
+    top_k: int
+    depth: int
+    total_tokens: int
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "depth", "total_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TreeError(f"a dynamic tree's {name} must be an integer >= 1, got {value!r}")
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+
 def validate_choices(choices: Sequence[Sequence[int]]) -> Choices:
     """Check a Medusa choice list and return it sorted by (depth, path).
 
@@ -173,6 +198,8 @@ def resolve_tree(spec: str | Path | Sequence[Sequence[int]]) -> TreeBuffers:
     """
     if isinstance(spec, (str, Path)):
         text = str(spec)
+        if text == "dynamic":
+            raise TreeError("tree='dynamic' (EAGLE-2) is grown by an EAGLE head; this drafter takes static trees only")
         match = _CHAIN_RE.match(text)
         if match:
             length = int(match.group(1))

@@ -28,10 +28,59 @@ class ModelConfig:
 
 @dataclass
 class HeadsConfig:
+    """The ``heads`` section of a Medusa recipe (``type: medusa``)."""
+
     type: str = "medusa"
     num_heads: int = 4
     num_layers: int = 1
     share_lm_head: bool = False
+
+    def validate(self) -> None:
+        for key in ("num_heads", "num_layers"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"heads.{key} must be > 0, got {getattr(self, key)!r}")
+
+
+MedusaHeadsConfig = HeadsConfig
+
+
+@dataclass
+class EagleHeadsConfig:
+    """The ``heads`` section of an EAGLE recipe (``type: eagle``).
+
+    ``layer_ids`` are indices into the base's ``hidden_states`` (EAGLE-3 only; default low/middle/high
+    ``(2, L // 2, L - 3)``). ``targets``: ``self`` trains on the base's own next-token distribution from the same
+    forward (self-distillation, free); ``corpus`` on the data's tokens.
+    """
+
+    type: str = "eagle"
+    version: int = 3
+    layer_ids: list[int] | None = None
+    draft_vocab_size: int | None = None  # EAGLE-3: the most frequent tokens of the training data (None: all)
+    fc_bias: bool | None = None  # default: True for EAGLE-1 (EAGLE repo, SGLang), False for EAGLE-3; vLLM: false
+    norm_before_residual: bool = False
+    targets: str = "self"  # self | corpus
+    ttt_steps: int = 7  # EAGLE-3 training-time test: the draft unrolled on its own outputs this many steps
+    ttt_decay: float = 0.8  # step i's cross-entropy weighs decay^i
+    feature_loss_weight: float = 1.0  # EAGLE-1: SmoothL1 on the predicted feature
+    ce_loss_weight: float = 0.1  # EAGLE-1: cross-entropy through the frozen lm_head
+    feature_noise: float = 0.2  # EAGLE-1: uniform noise of this width on the input features
+
+    def validate(self) -> None:
+        if self.version not in (1, 3):
+            raise ConfigError(f"heads.version is {self.version!r}; EAGLE versions are 1 and 3")
+        if self.targets not in ("self", "corpus"):
+            raise ConfigError(f"heads.targets is {self.targets!r}; choose one of ['corpus', 'self']")
+        if self.version == 1 and (self.layer_ids is not None or self.draft_vocab_size is not None):
+            raise ConfigError("heads.layer_ids and heads.draft_vocab_size are EAGLE-3 settings (heads.version=3)")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ConfigError(f"heads.draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
+        if self.layer_ids is not None and len(self.layer_ids) != 3:
+            raise ConfigError(f"heads.layer_ids names 3 base layers (low, middle, high), got {self.layer_ids}")
+        if self.ttt_steps < 1:
+            raise ConfigError(f"heads.ttt_steps must be >= 1, got {self.ttt_steps}")
+        if self.feature_noise < 0:
+            raise ConfigError(f"heads.feature_noise must be >= 0, got {self.feature_noise}")
 
 
 @dataclass
@@ -100,7 +149,7 @@ class OutputConfig:
 @dataclass
 class RecipeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
-    heads: HeadsConfig = field(default_factory=HeadsConfig)
+    heads: HeadsConfig | EagleHeadsConfig = field(default_factory=HeadsConfig)  # the class follows heads.type
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -111,7 +160,6 @@ class RecipeConfig:
         """Check values that types alone do not catch."""
         choices = {
             "model.dtype": (self.model.dtype, {"auto", "float32", "bfloat16", "float16"}),
-            "heads.type": (self.heads.type, {"medusa"}),
             "data.format": (self.data.format, {"sharegpt", "text", "jsonl"}),
             "train.schedule": (self.train.schedule, {"cosine", "linear", "constant"}),
             "log.tracker": (self.log.tracker, {"wandb", "tensorboard", "none"}),
@@ -120,8 +168,6 @@ class RecipeConfig:
             if value not in allowed:
                 raise ConfigError(f"{key} is {value!r}; choose one of {sorted(allowed)}")
         positive = {
-            "heads.num_heads": self.heads.num_heads,
-            "heads.num_layers": self.heads.num_layers,
             "data.max_length": self.data.max_length,
             "train.batch_size": self.train.batch_size,
             "train.grad_accumulation": self.train.grad_accumulation,
@@ -130,6 +176,9 @@ class RecipeConfig:
         for key, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{key} must be > 0, got {value!r}")
+        self.heads.validate()
+        if self.lora.enabled and self.heads.type != "medusa":
+            raise ConfigError("lora.enabled (joint training of the base) is a Medusa-2 setting; use heads.type=medusa")
         if self.train.steps is not None and self.train.steps <= 0:
             raise ConfigError(f"train.steps must be > 0, got {self.train.steps}")
         if not self.data.paths:
@@ -187,11 +236,23 @@ def _build(cls: type, values: Any, prefix: str) -> Any:
     kwargs = {}
     for name, value in values.items():
         hint = hints[name]
-        if dataclasses.is_dataclass(hint):
+        if cls is RecipeConfig and name == "heads":
+            kwargs[name] = _build(heads_section(value), value or {}, "heads.")
+        elif dataclasses.is_dataclass(hint):
             kwargs[name] = _build(hint, value or {}, f"{prefix}{name}.")
         else:
             kwargs[name] = _coerce(value, hint, f"{prefix}{name}")
     return cls(**kwargs)
+
+
+def heads_section(values: Any) -> type:
+    """The dataclass of the ``heads`` section, chosen by its ``type`` (see :mod:`specheads.heads.registry`)."""
+    from specheads.heads.registry import HEAD_TYPES
+
+    kind = values.get("type", "medusa") if isinstance(values, dict) else "medusa"
+    if kind not in HEAD_TYPES:
+        raise ConfigError(f"heads.type is {kind!r}; choose one of {sorted(HEAD_TYPES)}")
+    return HEAD_TYPES[kind].recipe_section()
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:

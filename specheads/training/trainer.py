@@ -27,12 +27,11 @@ from accelerate.utils import DataLoaderConfiguration, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from specheads.heads.medusa import MedusaHeads
+from specheads.heads.registry import HEAD_TYPES, HeadType
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.training.config import ConfigError, RecipeConfig
 from specheads.training.data import build_dataset
-from specheads.training.evaluate import head_agreement, heldout_lm_loss
-from specheads.training.losses import distillation_loss, lm_loss, medusa2_head_weights, medusa_loss
+from specheads.training.evaluate import heldout_lm_loss
 
 CHECKPOINTS = "checkpoints"
 RUN_CONFIG = "run_config.json"
@@ -53,8 +52,10 @@ class Run:
     total_steps: int
     batches_per_epoch: int
     output: Path
+    head_type: HeadType
     step: int = 0  # optimizer steps done
     batches_seen: int = 0  # micro-batches consumed on each process (decides the epoch and the resume position)
+    logging_step: bool = False  # this micro-batch's metrics are logged (head types skip costly metrics otherwise)
 
 
 def train(config: RecipeConfig) -> Path:
@@ -72,16 +73,12 @@ def setup(config: RecipeConfig) -> Run:
     _guard_output_dir(config, output, accelerator)
     tokenizer = load_tokenizer(config.model.tokenizer or config.model.base)
     base = load_causal_lm(config.model.base, dtype=_dtype(config.model.dtype), device=accelerator.device)
-    heads = MedusaHeads.from_base(
-        base,
-        num_heads=config.heads.num_heads,
-        num_layers=config.heads.num_layers,
-        share_lm_head=config.heads.share_lm_head,
-    ).float()
-    base = _prepare_base(config, base)
+    head_type = HEAD_TYPES[config.heads.type]
     with accelerator.main_process_first():
         data_config = dataclasses.replace(config.data, paths=expand_data_paths(config.data.paths))
         dataset = build_dataset(data_config, tokenizer).with_format("torch")
+    heads = head_type.build_heads(base, config.heads, dataset)
+    base = _prepare_base(config, base)
     generator = torch.Generator().manual_seed(config.train.seed)
     dataloader = torch.utils.data.DataLoader(
         dataset, batch_size=config.train.batch_size, shuffle=True, drop_last=True, generator=generator
@@ -102,7 +99,17 @@ def setup(config: RecipeConfig) -> Run:
     else:
         heads, optimizer, dataloader = accelerator.prepare(heads, optimizer, dataloader)
     run = Run(
-        config, accelerator, base, heads, optimizer, scheduler, dataloader, total_steps, batches_per_epoch, output
+        config,
+        accelerator,
+        base,
+        heads,
+        optimizer,
+        scheduler,
+        dataloader,
+        total_steps,
+        batches_per_epoch,
+        output,
+        head_type,
     )
     _resume(run)
     return run
@@ -226,30 +233,8 @@ def _out_of_time(run: Run, started: float) -> bool:
 
 
 def _train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    config = run.config
-    input_ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-    joint = config.lora.enabled and run.step >= config.lora.stage1_steps
-    with torch.set_grad_enabled(joint):
-        out = run.base(
-            input_ids=input_ids,
-            attention_mask=attention,
-            output_hidden_states=True,
-            logits_to_keep=0 if config.lora.enabled else 1,
-        )
-    hidden = out.hidden_states[-1].float()  # [B, T, H] the state the base's lm_head reads
-    logging_step = (run.step + 1) % config.log.every == 0 or run.step + 1 == run.total_steps
-    head_losses = medusa_loss(run.heads(hidden), input_ids, loss_mask, accuracy=logging_step)
-    if config.lora.enabled:
-        ramp = config.lora.head_weight_warmup_steps
-        schedule = min(1.0, (run.step + 1) / ramp) if ramp else 1.0
-        weights = medusa2_head_weights(
-            len(head_losses.loss), config.lora.head_weight, config.lora.head_decay, schedule
-        ).to(head_losses.loss.device)
-        loss = (weights * head_losses.loss).sum()
-        if joint:
-            loss = loss + config.lora.lm_loss_weight * _base_loss(run, out.logits, input_ids, attention, loss_mask)
-    else:
-        loss = head_losses.loss.sum()  # Medusa-1: the heads' losses add up
+    run.logging_step = (run.step + 1) % run.config.log.every == 0 or run.step + 1 == run.total_steps
+    loss, head_metrics = run.head_type.train_step_fn()(run, batch)
     run.accelerator.backward(loss)
     if run.accelerator.sync_gradients:
         run.accelerator.clip_grad_norm_(
@@ -259,23 +244,7 @@ def _train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     if run.accelerator.sync_gradients:
         run.scheduler.step()
     run.optimizer.zero_grad()
-    metrics = {"loss": float(loss.detach())}
-    for head in range(len(head_losses.loss)):
-        metrics[f"head_{head}/loss"] = float(head_losses.loss[head].detach())
-        metrics[f"head_{head}/top1"] = float(head_losses.top1[head])
-        metrics[f"head_{head}/top5"] = float(head_losses.top5[head])
-    return metrics
-
-
-def _base_loss(
-    run: Run, logits: torch.Tensor, input_ids: torch.Tensor, attention: torch.Tensor, loss_mask: torch.Tensor
-) -> torch.Tensor:
-    if not run.config.lora.self_distillation:
-        return lm_loss(logits, input_ids, loss_mask)
-    model = run.accelerator.unwrap_model(run.base)
-    with torch.no_grad(), model.disable_adapter():
-        teacher = model(input_ids=input_ids, attention_mask=attention).logits
-    return distillation_loss(logits, teacher, loss_mask)
+    return {"loss": float(loss.detach()), **head_metrics}
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints
@@ -422,7 +391,7 @@ def evaluate(run: Run, heads: torch.nn.Module) -> dict[str, Any] | None:
     was_training, base_was_training = heads.training, base.training
     heads.eval()
     base.eval()
-    result = head_agreement(base, heads, batches(), max_batches=config.eval_batches)
+    result = run.head_type.evaluate_fn()(base, heads, batches(), max_batches=config.eval_batches)
     if run.config.lora.enabled:  # what Medusa-2 costs the base: held-out loss with and without the adapter
         result["base_heldout_loss_fine_tuned"] = heldout_lm_loss(base, batches(), config.eval_batches)
         with base.disable_adapter():

@@ -87,5 +87,5 @@ def test_auto_tree_without_calibration_is_a_clear_error(tmp_path) -> None:
     decoder = SpecDecoder.from_pretrained(base, heads=str(tmp_path))
     with pytest.raises(ValueError, match="specheads calibrate"):
         decoder.generate(torch.tensor([[3, 4]]), max_new_tokens=3, tree="auto")
-    with pytest.raises(ValueError, match="calibrated for Medusa heads"):
+    with pytest.raises(ValueError, match="calibrated for draft heads"):
         SpecDecoder(base).generate(torch.tensor([[3, 4]]), max_new_tokens=3, tree="auto")

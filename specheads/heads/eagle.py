@@ -1,0 +1,483 @@
+"""EAGLE draft heads (Li et al. 2024: EAGLE-1 arXiv 2401.15077, EAGLE-3 arXiv 2503.01840) on a frozen base.
+
+An EAGLE head is one Llama-style decoder layer (RMSNorm, rotary attention, SwiGLU MLP) with the base's hidden size,
+attention heads, kv heads, head_dim and rope settings, whatever the base's own architecture: that is what EAGLE's
+code and the serving engines build for every target. It drafts at the *feature* level: at position t it reads the
+embedding of token t + 1 and a feature of position t, and outputs a hidden state that stands for the feature of
+position t + 1, from which the next token is read. Drafting deeper feeds that output back as the next feature.
+
+What a "feature" is (exports and imports depend on it; ``hidden_states`` is the tuple transformers returns with
+``output_hidden_states=True``: index 0 = the embeddings, index k = the output of decoder layer k, and the last index
+L = num_hidden_layers = the last layer's output *after* the base's final norm, what its lm_head reads):
+
+* ``version=1``: the feature is ``hidden_states[L]``, after the final norm (as in EAGLE's own training data, which
+  takes transformers' ``hidden_states[-1]``, and in vLLM/SGLang, whose targets hand over the normed last state).
+  ``fc = Linear(2h -> h)`` over ``[embedding(token t+1) ; feature t]``, then the layer *without* its input norm,
+  and no final norm: the base's own (frozen) lm_head reads the output.
+* ``version=3``: three features ``hidden_states[i]`` for ``i in layer_ids`` (default low/middle/high
+  ``(2, L // 2, L - 3)``, vLLM's convention; SGLang/SpecForge ids are one less), fused by ``fc = Linear(3h -> h,
+  no bias)``. The layer's attention reads ``[input_layernorm(embedding) ; hidden_norm(feature)]`` (2h wide); the
+  output passes a final ``norm`` and an own ``lm_head`` over a reduced draft vocabulary: draft id ``d`` is target
+  id ``d + d2t[d]``, and ``t2d[t]`` says whether target id t is in the draft vocabulary.
+
+The base's embedding (and for version 1 its lm_head) is used frozen and never stored in the head checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
+
+from specheads.heads.checkpoint import HeadCheckpointError, base_model_info, check_base, save_checkpoint
+from specheads.inference import kv_cache
+
+
+@dataclass
+class EagleConfig:
+    """Hyper-parameters of an EAGLE head and the shape of the base it belongs to.
+
+    ``layer_ids`` are indices into the base's ``hidden_states`` (see the module docstring); version 1 reads one
+    feature, ``[num_hidden_layers]`` (after the final norm).
+    """
+
+    version: int = 3
+    hidden_size: int = 0
+    vocab_size: int = 0
+    draft_vocab_size: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_parameters: dict[str, Any] = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    max_position_embeddings: int = 2048
+    layer_ids: list[int] = field(default_factory=list)
+    fc_bias: bool = False
+    norm_before_residual: bool = False
+    base_model: dict[str, Any] = field(default_factory=dict)
+    head_type: str = "eagle"
+
+    def __post_init__(self) -> None:
+        if self.version not in (1, 3):
+            raise ValueError(f"EAGLE version must be 1 or 3, got {self.version!r}")
+        expected = 1 if self.version == 1 else 3
+        if len(self.layer_ids) != expected:
+            raise ValueError(f"EAGLE-{self.version} fuses {expected} feature layer(s), got layer_ids {self.layer_ids}")
+        if self.version == 1 and self.draft_vocab_size != self.vocab_size:
+            raise ValueError("EAGLE-1 reads tokens through the base's lm_head: no reduced draft vocabulary")
+        if not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [1, {self.vocab_size}], got {self.draft_vocab_size}")
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size < self.vocab_size
+
+    def llama_config(self) -> LlamaConfig:
+        """The transformers config of the draft layer (Llama-style whatever the base is)."""
+        config = LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=1,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_parameters=dict(self.rope_parameters),
+            max_position_embeddings=self.max_position_embeddings,
+        )
+        config._attn_implementation = "sdpa"  # takes the boolean tree masks the drafter builds
+        return config
+
+
+def default_layer_ids(num_hidden_layers: int) -> list[int]:
+    """EAGLE-3's low/middle/high feature layers ``(2, L // 2, L - 3)``, clamped into ``[0, L - 1]`` (shallow bases)."""
+    last = max(num_hidden_layers - 1, 0)
+    return sorted([min(2, last), min(num_hidden_layers // 2, last), min(max(num_hidden_layers - 3, 0), last)])
+
+
+def check_layer_ids(layer_ids: Sequence[int], num_hidden_layers: int) -> list[int]:
+    """Fused feature layers must be ``hidden_states`` indices of the base's decoder layers: ``0 <= i < L``."""
+    ids = list(layer_ids)
+    for index in ids:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < num_hidden_layers:
+            raise ValueError(
+                f"EAGLE-3 layer_ids {ids}: each must be a hidden_states index in [0, {num_hidden_layers - 1}] "
+                f"(the base has {num_hidden_layers} decoder layers; index 0 is the embeddings)"
+            )
+    return ids
+
+
+def base_layer_shape(base: PreTrainedModel) -> dict[str, Any]:
+    """The draft layer's dimensions read from any transformers base config (Llama, Qwen2, Mistral, GPT-2, ...)."""
+    config = base.config
+    hidden = int(base.get_output_embeddings().weight.shape[1])
+    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "n_head", 0))
+    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
+    head_dim = int(getattr(config, "head_dim", 0) or hidden // heads)
+    intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
+    eps = getattr(config, "rms_norm_eps", None) or getattr(config, "layer_norm_epsilon", None) or 1e-6
+    rope = getattr(config, "rope_parameters", None) or {}
+    rope = {k: v for k, v in dict(rope).items() if isinstance(v, (int, float, str, list, dict)) or v is None}
+    rope.setdefault("rope_type", "default")
+    rope.setdefault("rope_theta", float(getattr(config, "rope_theta", 10000.0) or 10000.0))
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 2048
+    return {
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": int(intermediate),
+        "rms_norm_eps": float(eps),
+        "rope_parameters": rope,
+        "max_position_embeddings": int(positions),
+    }
+
+
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's decoder layer: attention over ``[input_layernorm(embedding) ; hidden_norm(feature)]``.
+
+    With ``norm_before_residual`` the residual is the normed feature (a variant some checkpoints use); by default it
+    is the feature itself, as in EAGLE-3's own code.
+    """
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool = False) -> None:
+        super().__init__()
+        self.norm_before_residual = norm_before_residual
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        width = 2 * config.hidden_size  # q/k/v read the embedding and the feature side by side
+        attn = self.self_attn
+        attn.q_proj = nn.Linear(width, config.num_attention_heads * attn.head_dim, bias=config.attention_bias)
+        attn.k_proj = nn.Linear(width, config.num_key_value_heads * attn.head_dim, bias=config.attention_bias)
+        attn.v_proj = nn.Linear(width, config.num_key_value_heads * attn.head_dim, bias=config.attention_bias)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        cache: Any,
+    ) -> torch.Tensor:
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        attended, _ = self.self_attn(
+            torch.cat([self.input_layernorm(embeds), normed], dim=-1),
+            position_embeddings=position_embeddings,
+            attention_mask=attention_mask,
+            **kv_cache.layer_kwargs(self.self_attn, cache),
+        )
+        hidden = residual + attended
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class EagleHead(nn.Module):
+    """An EAGLE-1 or EAGLE-3 draft head (see the module docstring for the exact inputs).
+
+    Args:
+        config: the head's hyper-parameters and base shape.
+        base_model: the base whose embedding (and, for version 1, lm_head) the head reads; bind it later with
+            :meth:`attach_base` when loading.
+    """
+
+    def __init__(self, config: EagleConfig, base_model: PreTrainedModel | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.calibrated_tree: list[list[int]] | None = None  # set by load_heads when a tree.json is present
+        self.calibrated_dynamic: dict[str, int] | None = None
+        hidden = config.hidden_size
+        layer_config = config.llama_config()
+        if config.version == 1:
+            self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias)
+            self.midlayer = LlamaDecoderLayer(layer_config, layer_idx=0)
+            self.midlayer.input_layernorm = nn.Identity()  # EAGLE-1's layer has no input norm
+            self.norm = None
+            self.lm_head = None
+        else:
+            self.fc = nn.Linear(3 * hidden, hidden, bias=config.fc_bias)
+            self.midlayer = Eagle3Layer(layer_config, config.norm_before_residual)
+            self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+            self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(layer_config)
+        if config.reduced_vocab:
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        else:
+            self.d2t = None
+            self.t2d = None
+        self._base = [None]  # a list keeps the frozen base out of this module's parameters and state
+        if base_model is not None:
+            self.bind_base(base_model)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_base(
+        cls,
+        base_model: PreTrainedModel,
+        version: int = 3,
+        layer_ids: Sequence[int] | None = None,
+        draft_vocab_size: int | None = None,
+        fc_bias: bool | None = None,
+        token_counts: torch.Tensor | None = None,
+        norm_before_residual: bool = False,
+    ) -> EagleHead:
+        """A randomly initialised head sized for ``base_model``.
+
+        Args:
+            base_model: the frozen base.
+            version: 1 (EAGLE-1) or 3 (EAGLE-3).
+            layer_ids: version 3: the three ``hidden_states`` indices to fuse (default ``(2, L // 2, L - 3)``).
+            draft_vocab_size: version 3: size of the draft vocabulary (default: the base's whole vocabulary).
+            fc_bias: a bias on fc (default: True for version 1, as EAGLE's repo and SGLang; False for version 3).
+                vLLM's EAGLE-1 loader has no fc bias: train with ``fc_bias=False`` to serve there.
+            token_counts: ``[V]`` token frequencies of the training data: the draft vocabulary is the most frequent
+                ``draft_vocab_size`` tokens (ties and unseen tokens by id). Required when the vocabulary is reduced.
+            norm_before_residual: version 3 layer variant (see :class:`Eagle3Layer`).
+        """
+        num_layers = int(getattr(base_model.config, "num_hidden_layers", 0) or base_model.config.n_layer)
+        vocab = int(base_model.get_output_embeddings().weight.shape[0])
+        if version == 1:
+            if layer_ids is not None or draft_vocab_size not in (None, vocab):
+                raise ValueError("EAGLE-1 takes no layer_ids and no draft_vocab_size (it reads the last feature)")
+            ids, draft_vocab = [num_layers], vocab
+        elif version == 3:
+            ids = check_layer_ids(default_layer_ids(num_layers) if layer_ids is None else layer_ids, num_layers)
+            draft_vocab = vocab if draft_vocab_size is None else draft_vocab_size
+            if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int) or not 1 <= draft_vocab <= vocab:
+                raise ValueError(f"draft_vocab_size must be an integer in [1, {vocab}], got {draft_vocab_size!r}")
+        else:
+            raise ValueError(f"EAGLE version must be 1 or 3, got {version!r}")
+        config = EagleConfig(
+            version=version,
+            vocab_size=vocab,
+            draft_vocab_size=draft_vocab,
+            layer_ids=ids,
+            fc_bias=(version == 1) if fc_bias is None else fc_bias,
+            norm_before_residual=norm_before_residual,
+            base_model=base_model_info(base_model),
+            **base_layer_shape(base_model),
+        )
+        head = cls(config)
+        head.apply(head._init_weights)
+        if config.reduced_vocab:
+            if token_counts is None:
+                raise ValueError("a reduced draft vocabulary needs token_counts of the training data")
+            head.set_draft_vocab(select_draft_vocab(token_counts, draft_vocab))
+        weight = base_model.get_output_embeddings().weight
+        if head.lm_head is not None:  # start from the base's own projection of the draft tokens
+            with torch.no_grad():
+                head.lm_head.weight.copy_(weight[head.draft_token_ids().to(weight.device)].float())
+        head.bind_base(base_model)
+        return head.to(device=weight.device)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Set d2t/t2d from the sorted target ids of the draft vocabulary.
+
+        Raises:
+            ValueError: ids out of range, repeated, or not as many as ``draft_vocab_size``.
+        """
+        ids = torch.as_tensor(target_ids, dtype=torch.long).flatten().cpu()
+        check_draft_map(ids, self.config.vocab_size, self.config.draft_vocab_size)
+        ids = ids.sort().values
+        self.d2t.copy_(ids - torch.arange(ids.numel()))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def draft_token_ids(self) -> torch.Tensor:
+        """``[Vd]`` the target id of every draft id."""
+        device = self.fc.weight.device
+        ids = torch.arange(self.config.draft_vocab_size, device=device)
+        return ids if self.d2t is None else ids + self.d2t
+
+    # ------------------------------------------------------------------ the base
+    def attach_base(self, base_model: PreTrainedModel) -> None:
+        """Check that the head was made for this base, then read its embedding (and lm_head) from it."""
+        check_base(self.config.base_model, base_model, "this EAGLE head")
+        self.bind_base(base_model)
+
+    def bind_base(self, base_model: PreTrainedModel) -> None:
+        self._base = [base_model]
+
+    def _base_model(self) -> PreTrainedModel:
+        base = self._base[0]
+        if base is None:
+            raise RuntimeError("an EAGLE head needs attach_base(base_model) before use")
+        return base
+
+    @property
+    def hidden_state_layers(self) -> tuple[int, ...]:
+        """The ``hidden_states`` indices the head reads from the base."""
+        return tuple(self.config.layer_ids)
+
+    # ------------------------------------------------------------------ the computation
+    def fuse(self, features: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``[B, T, H]`` draft-ready features from the base's hidden states at :attr:`hidden_state_layers`."""
+        dtype = self.fc.weight.dtype
+        if self.config.version == 1:
+            return features[0].to(dtype)
+        return self.fc(torch.cat([f.to(dtype) for f in features], dim=-1))
+
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Any,
+    ) -> torch.Tensor:
+        """One pass of the draft layer.
+
+        Args:
+            input_ids: ``[B, T]`` token t + 1 of each position.
+            features: ``[B, T, H]`` the feature of each position (from :meth:`fuse`, or an earlier step's output).
+            position_ids: ``[B, T]``.
+            attention_mask: ``[B, 1, T, cached + T]`` bool, True where attention is allowed (None: one query).
+            cache: the draft's own key/value cache (a transformers ``DynamicCache``), extended in place.
+
+        Returns:
+            ``[B, T, H]`` the draft's output, standing for the feature of position t + 1.
+        """
+        embeds = self._base_model().get_input_embeddings()(input_ids).to(features.dtype)
+        position_embeddings = self.rotary_emb(features, position_ids)
+        if self.config.version == 1:
+            hidden = self.fc(torch.cat([embeds, features], dim=-1))
+            return self.midlayer(
+                hidden,
+                attention_mask=attention_mask,
+                position_embeddings=position_embeddings,
+                **kv_cache.layer_kwargs(self.midlayer, cache),
+            )
+        return self.midlayer(embeds, features, position_embeddings, attention_mask, cache)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., Vd]`` draft-vocabulary logits of draft outputs (version 1: the base's lm_head, Vd = V)."""
+        if self.config.version == 1:
+            lm_head = self._base_model().get_output_embeddings()
+            return lm_head(hidden.to(lm_head.weight.dtype))
+        return self.lm_head(self.norm(hidden))
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target-vocabulary ids of draft-vocabulary ids."""
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        features: Sequence[torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        steps: int = 1,
+        feature_noise: float = 0.0,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The draft unrolled on its own outputs over whole sequences ("training-time test", EAGLE-3).
+
+        Index t of every output holds the draft at sequence position t (t = 0 .. T - 2). Step 0 reads token t + 1
+        and the base's feature of position t and predicts token t + 2; step i reads token t + 1 + i and step i - 1's
+        output at t, sits at position t + i, and predicts token t + 2 + i. Step i's query at t attends to step 0's
+        keys at positions <= t (the committed prefix, as at decode time) and to steps 1..i at t (its own draft
+        path), which is exactly the attention of a depth-(i + 1) node of a draft tree.
+
+        Args:
+            input_ids: ``[B, T]`` the sequence.
+            features: the base's ``hidden_states`` at :attr:`hidden_state_layers`, each ``[B, T, H]``.
+            attention_mask: ``[B, T]`` 1 for real tokens (None: all real).
+            steps: how many draft steps to unroll (1 for EAGLE-1).
+            feature_noise: width of uniform noise added to the base's features (EAGLE-1 training).
+
+        Returns:
+            ``(hidden, logits)``: per step, ``[B, T - 1, H]`` draft outputs and ``[B, T - 1, Vd]`` logits.
+        """
+        batch, length = input_ids.shape
+        span = length - 1
+        hidden = self.fuse(features)[:, :span]  # [B, T - 1, H] the feature of position t
+        if feature_noise:
+            hidden = hidden + (torch.rand_like(hidden) - 0.5) * feature_noise
+        device = input_ids.device
+        real = torch.ones(batch, span, dtype=torch.bool, device=device)
+        if attention_mask is not None:
+            real = attention_mask[:, 1:].bool()  # token t + 1 is real
+        eye = torch.eye(span, dtype=torch.bool, device=device)
+        prefix = (torch.ones(span, span, dtype=torch.bool, device=device).tril()[None] & real[:, None, :]) | eye
+        padded = torch.cat([input_ids, input_ids.new_zeros(batch, steps)], dim=1)  # tokens past the end: masked
+        cache = kv_cache.new_cache()
+        hiddens, logits = [], []
+        for step in range(steps):
+            mask = torch.cat([prefix] + [eye.expand(batch, span, span)] * step, dim=-1)[:, None]  # [B, 1, T-1, .]
+            positions = torch.arange(step, step + span, device=device)[None].expand(batch, span)
+            hidden = self.step(padded[:, 1 + step : 1 + step + span], hidden, positions, mask, cache)
+            hiddens.append(hidden)
+            logits.append(self.logits(hidden))
+        return hiddens, logits
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write the native checkpoint: ``config.json`` + ``model.safetensors`` (no base weights)."""
+        save_checkpoint(directory, asdict(self.config), self.state_dict())
+
+    @classmethod
+    def from_checkpoint(cls, config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> EagleHead:
+        fields = {k: v for k, v in config.items() if k != "specheads_version"}
+        unknown = sorted(set(fields) - set(EagleConfig.__dataclass_fields__))
+        if unknown:
+            raise HeadCheckpointError(f"{where}: unknown EAGLE config keys {unknown}")
+        try:
+            head = cls(EagleConfig(**fields))
+        except (TypeError, ValueError) as error:
+            raise HeadCheckpointError(f"{where}: {error}") from error
+        missing, unexpected = head.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise HeadCheckpointError(
+                f"{where}: tensors do not match the config (missing {missing[:4]}, unexpected {unexpected[:4]})"
+            )
+        if head.d2t is not None:
+            try:
+                check_draft_map(head.draft_token_ids(), head.config.vocab_size, head.config.draft_vocab_size)
+            except ValueError as error:
+                raise HeadCheckpointError(f"{where}: d2t {error}") from error
+        return head
+
+
+def check_draft_map(target_ids: torch.Tensor, vocab_size: int, draft_vocab_size: int) -> None:
+    """Every draft id must map to a distinct target id inside the base's vocabulary."""
+    if target_ids.numel() != draft_vocab_size:
+        raise ValueError(f"maps {target_ids.numel()} draft ids, expected {draft_vocab_size}")
+    if target_ids.numel() and (int(target_ids.min()) < 0 or int(target_ids.max()) >= vocab_size):
+        raise ValueError(
+            f"points outside the base's vocabulary: target ids {int(target_ids.min())}..{int(target_ids.max())}, "
+            f"vocabulary size {vocab_size}"
+        )
+    if target_ids.unique().numel() != target_ids.numel():
+        raise ValueError("maps two draft ids to the same target id")
+
+
+def select_draft_vocab(token_counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
+    """The ``draft_vocab_size`` most frequent target ids (ties and unseen tokens by lowest id), sorted by id."""
+    counts = torch.as_tensor(token_counts, dtype=torch.float64).flatten()
+    vocab = counts.numel()
+    if not 1 <= draft_vocab_size <= vocab:
+        raise ValueError(f"draft_vocab_size must be in [1, {vocab}], got {draft_vocab_size}")
+    # A stable sort by descending count keeps lower ids first among equals, so the choice is deterministic.
+    order = torch.sort(-counts, stable=True).indices
+    return order[:draft_vocab_size].sort().values
