@@ -651,6 +651,7 @@ def write_manifest(args, assets: Path, plan: RunPlan, state: TrainState, token_m
         if p.is_file() and p.name != "manifest.json"
     }
     total = sum((assets / rel).stat().st_size for rel in files)
+    previous = json.loads((assets / "manifest.json").read_text()) if (assets / "manifest.json").is_file() else {}
     manifest = {
         "name": "specheads default (stdlib Python code model + draft)",
         "created": utc_now(),
@@ -668,6 +669,7 @@ def write_manifest(args, assets: Path, plan: RunPlan, state: TrainState, token_m
         "training": {"plan": asdict(plan), "total_steps": plan.total_steps, "eval_history": state.history},
         "models": models_info,
         "commands": read_commands(args.work_dir),
+        **({"heads": previous["heads"]} if "heads" in previous else {}),  # shipped by scripts/ship_default_heads.py
         "total_bytes": total,
         "files": files,
     }

@@ -316,13 +316,14 @@ def _distill(args: argparse.Namespace) -> int:
 def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "calibrate",
-        help="choose the Medusa tree with the best expected tokens/s on this machine",
-        description="Measure each head's per-rank agreement with the base's greedy token on held-out data and the "
-        "base's verify cost curve on this machine, grow trees greedily and write the best one to HEADS/tree.json "
-        "(then tree='auto', and the heads' default tree, is that tree).",
+        help="choose the tree (Medusa or EAGLE) with the best expected tokens/s on this machine",
+        description="Measure the heads' per-depth, per-rank agreement with the base's greedy token on held-out data, "
+        "the base's verify cost curve and (EAGLE) the cost of a draft level on this machine, grow trees greedily and "
+        "write the best one to HEADS/tree.json (then tree='auto' is that tree); for EAGLE heads also the EAGLE-2 "
+        "dynamic-tree parameters top_k/depth/total_tokens that grow it (the head's default tree='dynamic').",
     )
     parser.add_argument("--base", required=True)
-    parser.add_argument("--heads", required=True, help="Medusa head checkpoint directory (tree.json goes there)")
+    parser.add_argument("--heads", required=True, help="head checkpoint directory (tree.json goes there)")
     parser.add_argument(
         "--data",
         action="append",
@@ -343,12 +344,16 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     import torch
 
-    from specheads.heads import load_heads
-    from specheads.inference.calibrate import choose_tree, measure_verify_cost
+    from specheads.heads import head_type_of, load_heads
+    from specheads.inference.calibrate import (
+        choose_tree,
+        dynamic_parameters,
+        measure_draft_cost,
+        measure_verify_cost,
+    )
     from specheads.loading import load_causal_lm, load_tokenizer
     from specheads.training.config import DataConfig
     from specheads.training.data import build_dataset
-    from specheads.training.evaluate import head_agreement
     from specheads.training.trainer import expand_data_paths
 
     _set_threads(args.threads)
@@ -356,16 +361,25 @@ def _calibrate(args: argparse.Namespace) -> int:
     if not data:
         raise ValueError("--data is required unless --base default")
     base = load_causal_lm(args.base)
+    if args.heads == "default":
+        raise ValueError(
+            "the shipped default heads are calibrated when shipped and their files are hash-checked; copy "
+            "specheads/assets/default/eagle3 to a folder and calibrate that copy"
+        )
     heads = load_heads(args.heads, base)
     config = DataConfig(paths=expand_data_paths(data), format=args.format, max_length=args.max_length)
     dataset = build_dataset(config, load_tokenizer(args.base)).with_format("torch")
     loader = torch.utils.data.DataLoader(dataset, batch_size=8)
-    agreement = head_agreement(base, heads, loader, max_batches=args.batches)
+    head_type = head_type_of(heads)
+    agreement = head_type.evaluate_fn()(base, heads, loader, max_batches=args.batches)
     with torch.inference_mode():
         step_ms = measure_verify_cost(base, sizes=(1, 2, 4, 8, 16, 32, 64))
-    best = choose_tree(agreement["agreement_by_rank"], step_ms, max_nodes=args.max_nodes)
+    depth_ms = measure_draft_cost(heads) if head_type.name == "eagle" else 0.0
+    best = choose_tree(agreement["agreement_by_rank"], step_ms, max_nodes=args.max_nodes, depth_ms=depth_ms)
     record = {
         "choices": best.choices,
+        **({"dynamic": dynamic_parameters(best.choices)} if head_type.name == "eagle" else {}),
+        "draft_ms_per_level": depth_ms,
         "expected_tau": best.expected_tau,
         "step_ms": best.step_ms,
         "expected_tokens_per_s": best.expected_tokens_per_s,
@@ -385,6 +399,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         f"{best.step_ms:.1f} ms/step, expected {best.expected_tokens_per_s:.0f} tokens/s; written to "
         f"{Path(args.heads) / 'tree.json'}"
     )
+    if "dynamic" in record:
+        print(f"EAGLE-2 dynamic tree for this machine: {record['dynamic']} (draft level {depth_ms:.2f} ms)")
     return 0
 
 

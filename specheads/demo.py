@@ -20,6 +20,7 @@ DEMO_DRAFT_K = (
     8  # draft-adaptive: up to 8 drafts, stopping when the draft is unsure (fastest draft row in BENCHMARKS.md)
 )
 DEMO_TREE = "chain-3"  # the Medusa tree the demo decodes with
+DEMO_EAGLE_TREE = "dynamic"  # the shipped EAGLE-3 heads decode with their calibrated EAGLE-2 dynamic tree
 REPEATS = 3
 CACHE = Path(os.environ.get("SPECHEADS_CACHE", Path.home() / ".cache" / "specheads")) / "demo"
 # A short Medusa-1 run that fits the demo's budget on a 2-core CPU; the full recipe is configs/default/medusa1.yaml.
@@ -33,7 +34,7 @@ DEMO_TRAINING = [
     "train.lr=2e-3",
     "train.warmup_steps=10",
     "train.steps=300",
-    "train.max_minutes=2.5",
+    "train.max_minutes=2.0",
     "output.save_every=0",
     "log.tracker=none",
     "train.overwrite=true",
@@ -41,7 +42,7 @@ DEMO_TRAINING = [
 
 
 def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | None = None) -> int:
-    """Complete one held-out prompt with plain decoding, the draft model, prompt lookup and Medusa heads.
+    """Complete one held-out prompt with plain decoding, the draft model, prompt lookup, Medusa and EAGLE-3 heads.
 
     Returns:
         0 when every method produced exactly the base's greedy text, 1 otherwise.
@@ -68,14 +69,14 @@ def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | No
     console.print("[bold]prompt (last lines):[/bold]")
     console.print("\n".join(prompt.text.splitlines()[-8:]), markup=False, highlight=False)
 
-    heads = demo_heads(console, base)
+    heads = [("medusa", demo_heads(console, base)), *shipped_eagle_heads(console, base)]
     methods = build_methods(
         base,
         draft,
         draft_ks=(DEMO_DRAFT_K,),
         only=["none", "draft-adaptive", "prompt-lookup"],
-        heads=[("medusa", heads)],
-        trees={"medusa": (DEMO_TREE,)},
+        heads=heads,
+        trees={"medusa": (DEMO_TREE,), "eagle": (DEMO_EAGLE_TREE,)},
     )
     run_bench(methods, [prompt], tokenizer, max_new_tokens, repeats=REPEATS, progress=False)
     rows = summarize(methods)
@@ -119,9 +120,22 @@ def demo_heads(console: Console, base: torch.nn.Module) -> torch.nn.Module:
             return heads
         except HeadCheckpointError as error:
             console.print(f"Medusa heads in {heads_dir} do not fit this base ({error}); retraining")
-    console.print(f"Medusa heads: training {heads_dir.parent} for at most 2.5 minutes (once; reused afterwards)")
+    console.print(f"Medusa heads: training {heads_dir.parent} for at most 2 minutes (once; reused afterwards)")
     config = load_config(None, [*DEMO_TRAINING, f"output.dir={heads_dir.parent}"])
     return load_heads(train(config), base)
+
+
+def shipped_eagle_heads(console: Console, base: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The EAGLE-3 heads shipped for the default base (none when this install lacks them)."""
+    from specheads.heads import HeadCheckpointError, load_heads
+
+    try:
+        heads = load_heads(assets.resolve("default", role="eagle3"), base)
+    except (HeadCheckpointError, assets.MissingAssetsError) as error:
+        console.print(f"EAGLE-3 heads: not available ({error}); skipping the eagle row")
+        return []
+    console.print("EAGLE-3 heads: shipped with the default model (configs/default/eagle3.yaml)")
+    return [("eagle", heads)]
 
 
 def _describe(model: torch.nn.Module) -> str:

@@ -1,4 +1,4 @@
-"""Tree calibration: choose the Medusa tree that maximises tokens per second on *this* machine.
+"""Tree calibration: choose the tree that maximises tokens per second on *this* machine, for Medusa or EAGLE heads.
 
 A tree pays when the tokens it is expected to add outweigh what verifying it costs. Both are measured:
 
@@ -9,6 +9,10 @@ A tree pays when the tokens it is expected to add outweigh what verifying it cos
 Under Medusa's independence approximation a node ``(r1, ..., rd)`` is reached with probability
 ``prod_i agreement_by_rank[i - 1][r_i]``, and tau = 1 + the sum of these over the tree's nodes. Trees are grown
 greedily, most probable node first (as Medusa's tree search does), and the size with the best tau / step time wins.
+
+EAGLE drafts level by level, so its trees also pay a draft forward per level (``depth_ms``, measured with
+:func:`measure_draft_cost`); the chosen tree also gives the EAGLE-2 dynamic-tree parameters that can grow it
+(:func:`dynamic_parameters`).
 """
 
 from __future__ import annotations
@@ -57,7 +61,11 @@ def grow_tree(agreement_by_rank: Sequence[Sequence[float]], max_nodes: int) -> l
 
 
 def choose_tree(
-    agreement_by_rank: Sequence[Sequence[float]], step_ms: dict[int, float], max_nodes: int = 64, fixed_ms: float = 0.0
+    agreement_by_rank: Sequence[Sequence[float]],
+    step_ms: dict[int, float],
+    max_nodes: int = 64,
+    fixed_ms: float = 0.0,
+    depth_ms: float = 0.0,
 ) -> CalibratedTree:
     """The tree size that maximises expected tokens per second.
 
@@ -67,14 +75,16 @@ def choose_tree(
             interpolated linearly.
         max_nodes: largest tree considered.
         fixed_ms: per-step cost that does not grow with the tree (heads, acceptance, Python overhead).
+        depth_ms: cost of each tree level (an EAGLE draft forward per level; a Medusa head per depth).
     """
     nodes = grow_tree(agreement_by_rank, max_nodes)
     candidates = []
-    expected_tau = 1.0
+    expected_tau, depth = 1.0, 0
     for size in range(0, len(nodes) + 1):
         if size:
             expected_tau += nodes[size - 1][1]
-        cost = _interpolate(step_ms, size + 1) + fixed_ms
+            depth = max(depth, len(nodes[size - 1][0]))
+        cost = _interpolate(step_ms, size + 1) + fixed_ms + depth_ms * depth
         candidates.append(
             {
                 "nodes": size,
@@ -87,6 +97,47 @@ def choose_tree(
     size = int(best["nodes"])
     choices = sorted((list(path) for path, _ in nodes[:size]), key=lambda p: (len(p), p))
     return CalibratedTree(choices, best["expected_tau"], best["step_ms"], best["expected_tokens_per_s"], candidates)
+
+
+def dynamic_parameters(choices: Sequence[Sequence[int]]) -> dict[str, int]:
+    """EAGLE-2 ``top_k`` / ``depth`` / ``total_tokens`` able to grow a tree of this shape from the draft's confidence.
+
+    ``top_k`` covers the widest rank used and the most nodes expanded at one depth; ``depth`` is the tree's depth and
+    ``total_tokens`` its size (at least one node each).
+    """
+    if not choices:
+        return {"top_k": 1, "depth": 1, "total_tokens": 1}
+    depth = max(len(path) for path in choices)
+    widest_rank = max(path[-1] for path in choices) + 1
+    parents_per_depth = [len({tuple(p[:-1]) for p in choices if len(p) == d}) for d in range(2, depth + 1)]
+    return {
+        "top_k": max([widest_rank, *parents_per_depth]),
+        "depth": depth,
+        "total_tokens": len(choices),
+    }
+
+
+@torch.inference_mode()
+def measure_draft_cost(head: torch.nn.Module, prefix_len: int = 256, width: int = 4, repeats: int = 10) -> float:
+    """Median ms of one EAGLE draft level: ``width`` nodes over a ``prefix_len``-pair draft cache, plus logits."""
+    device = head.fc.weight.device
+    hidden = torch.zeros(1, prefix_len, head.config.hidden_size, device=device, dtype=head.fc.weight.dtype)
+    ids = torch.zeros(1, prefix_len, dtype=torch.long, device=device)
+    cache = kv_cache.new_cache()
+    mask = torch.ones(prefix_len, prefix_len, dtype=torch.bool, device=device).tril()[None, None]
+    head.step(ids, hidden, torch.arange(prefix_len, device=device)[None], mask, cache)
+    level_mask = torch.ones(1, 1, width, prefix_len + width, dtype=torch.bool, device=device)
+    positions = torch.full((1, width), prefix_len, device=device)
+    samples = []
+    for _ in range(repeats + 2):
+        start = time.perf_counter()
+        out = head.step(ids[:, :width], hidden[:, :width], positions, level_mask, cache)
+        head.logits(out).log_softmax(dim=-1).topk(width)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        samples.append(1000 * (time.perf_counter() - start))
+        kv_cache.crop(cache, prefix_len)
+    return statistics.median(samples[2:])
 
 
 def _interpolate(points: dict[int, float], size: int) -> float:

@@ -431,7 +431,13 @@ def _heads_path(heads: str | Path | torch.nn.Module) -> str | Path | torch.nn.Mo
     if isinstance(heads, str) and heads == "default":
         from specheads import assets
 
-        return assets.resolve("default", role="eagle3")
+        path = Path(assets.resolve("default", role="eagle3"))
+        if not (path / "config.json").is_file():
+            raise assets.MissingAssetsError(
+                f"the default EAGLE-3 heads are not in this install ({path}); train them with "
+                "`specheads train --config configs/default/eagle3.yaml` and pass heads=<output dir>/heads"
+            )
+        return path
     return heads
 
 
