@@ -76,6 +76,11 @@ class EagleConfig:
         expected = 1 if self.version == 1 else 3
         if len(self.layer_ids) != expected:
             raise ValueError(f"EAGLE-{self.version} fuses {expected} feature layer(s), got layer_ids {self.layer_ids}")
+        layers = int(self.base_model.get("num_hidden_layers") or 0)  # a loaded config: ids must fit its base
+        if layers and self.version == 1 and self.layer_ids != [layers]:
+            raise ValueError(f"EAGLE-1 reads the last feature, hidden_states[{layers}]; got layer_ids {self.layer_ids}")
+        if layers and self.version == 3:
+            check_layer_ids(self.layer_ids, layers)
         if self.version == 1 and self.draft_vocab_size != self.vocab_size:
             raise ValueError("EAGLE-1 reads tokens through the base's lm_head: no reduced draft vocabulary")
         if not 1 <= self.draft_vocab_size <= self.vocab_size:

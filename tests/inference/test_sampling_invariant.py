@@ -15,8 +15,11 @@ from scipy.stats import chisquare
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from specheads import SpecDecoder
+from specheads.heads import EagleHead
 from specheads.inference.drafters import DraftModelDrafter
+from specheads.inference.eagle import EagleDrafter
 from specheads.inference.trees import resolve_tree
+from specheads.training.losses import draft_cross_entropy, eagle_targets
 
 VOCAB = 12
 PROMPT = torch.tensor([[3, 5, 7]])
@@ -125,3 +128,54 @@ def test_medusa_tree_samples_the_base_distribution(base) -> None:
     decoder = SpecDecoder(base, MedusaDrafter(heads, tree=[[0], [1], [0, 0], [1, 0]]))
     joint = _base_distribution(base, temperature=1.0, top_k=0, top_p=1.0)
     assert _p_value(decoder, joint, acceptance="rejection", temperature=1.0) > 1e-3
+
+
+class _CountingEagleDrafter(EagleDrafter):
+    """An EagleDrafter that counts the drafted tokens the base accepted (so the test knows drafts were tried)."""
+
+    accepted_drafts = 0
+
+    def accepted(self, state, num_accepted) -> None:
+        self.accepted_drafts += num_accepted[0]
+        super().accepted(state, num_accepted)
+
+
+@pytest.fixture(scope="module")
+def eagle_head(base):
+    """An EAGLE-3 head (draft vocabulary: the base's 8 most frequent tokens) trained briefly on the base's samples,
+    so that its top-k candidates are plausible and get both accepted and rejected."""
+    prompts = torch.randint(2, VOCAB, (16, 3), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        sequences = base.generate(
+            prompts, do_sample=True, max_new_tokens=30, pad_token_id=0, attention_mask=torch.ones_like(prompts)
+        )
+        out = base(sequences, output_hidden_states=True)
+    counts = torch.bincount(sequences.flatten(), minlength=VOCAB)
+    head = EagleHead.from_base(base, version=3, draft_vocab_size=8, token_counts=counts)
+    features = [out.hidden_states[index] for index in head.hidden_state_layers]
+    loss_mask = torch.ones_like(sequences)
+    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    for _ in range(60):
+        _, logits = head(sequences, features, None, steps=2)
+        loss = sum(
+            draft_cross_entropy(
+                step_logits, *eagle_targets(out.logits, sequences, loss_mask, step, head.draft_token_ids())
+            )
+            for step, step_logits in enumerate(logits)
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return head.eval()
+
+
+@pytest.mark.parametrize("sampling", SETTINGS[:2])
+def test_eagle_dynamic_tree_samples_the_base_distribution(base, eagle_head, sampling) -> None:
+    """Rejection over an EAGLE-2 tree: with two new tokens only depth 1 is verified, three sibling candidates."""
+    drafter = _CountingEagleDrafter(eagle_head)
+    decoder = SpecDecoder(base, drafter)
+    joint = _base_distribution(base, **sampling)
+    dynamic = dict(tree="dynamic", tree_top_k=3, depth=3, total_tokens=6)
+    assert _p_value(decoder, joint, acceptance="rejection", **dynamic, **sampling) > 1e-3
+    assert 0.3 * SAMPLES < drafter.accepted_drafts < 0.99 * SAMPLES  # drafts were both accepted and rejected
