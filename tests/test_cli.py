@@ -205,3 +205,80 @@ def test_generate_with_medusa_heads(model_dirs, tmp_path, capsys) -> None:
         )
         outputs.append(json.loads(capsys.readouterr().out)["new_tokens"])
     assert outputs[0] == outputs[1]
+
+
+def _eagle_dir(tmp_path, version: int = 3):
+    from helpers import tiny_model as build
+
+    from specheads.heads import EagleHead
+
+    heads_dir = tmp_path / f"eagle{version}"
+    EagleHead.from_base(build("llama", seed=1), version=version).save_pretrained(heads_dir)
+    return heads_dir
+
+
+def test_generate_with_eagle_heads_infers_the_method_and_matches_greedy(model_dirs, tmp_path, capsys) -> None:
+    heads_dir = _eagle_dir(tmp_path)
+    runs = (
+        [],
+        ["--heads", str(heads_dir)],
+        ["--heads", str(heads_dir), "--tree", "dynamic", "--tree-top-k", "2", "--depth", "3", "--total-tokens", "4"],
+        ["--heads", str(heads_dir), "--tree", "binary-7"],
+    )
+    outputs = []
+    for extra in runs:
+        assert (
+            main(["generate", "--base", str(model_dirs / "base"), "--max-new-tokens", "10", "--json", *extra, "x = 1"])
+            == 0
+        )
+        outputs.append(json.loads(capsys.readouterr().out)["new_tokens"])
+    assert all(output == outputs[0] for output in outputs)
+    code = main(["generate", "--base", str(model_dirs / "base"), "--heads", str(heads_dir), "--stats", "x = 1"])
+    assert code == 0 and "[eagle]" in capsys.readouterr().err
+
+
+def test_dynamic_tree_keywords_need_eagle_heads_and_a_dynamic_tree(model_dirs, tmp_path, capsys) -> None:
+    base = str(model_dirs / "base")
+    assert main(["generate", "--base", base, "--tree", "dynamic", "x = 1"]) == 2
+    assert "EAGLE" in capsys.readouterr().err
+    assert main(["generate", "--base", base, "--heads", str(_eagle_dir(tmp_path)), "--depth", "0", "x"]) == 2
+    assert "tree='dynamic'" in capsys.readouterr().err
+
+
+def test_bench_with_eagle_heads_adds_eagle_rows_with_the_draft_verify_split(model_dirs, tmp_path) -> None:
+    out = tmp_path / "bench"
+    code = main(
+        [
+            "bench",
+            "--base",
+            str(model_dirs / "base"),
+            "--prompts",
+            str(model_dirs / "prompts.jsonl"),
+            "--max-new-tokens",
+            "6",
+            "--heads",
+            str(_eagle_dir(tmp_path, version=1)),
+            "--trees",
+            "eagle=chain-3,dynamic,auto",
+            "--methods",
+            "none",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    rows = {row["name"]: row for row in report["methods"]}
+    assert list(rows) == ["hf-greedy", "none", "eagle-chain-3", "eagle-dynamic", "eagle-auto"]
+    assert all(row["matches_greedy"] for row in rows.values())
+    assert rows["eagle-dynamic"]["draft_ms_per_step"] > 0 and rows["eagle-dynamic"]["verify_ms_per_step"] > 0
+    assert rows["hf-greedy"]["draft_ms_per_step"] is None
+    assert "draft / verify ms per step" in (out / "report.md").read_text()
+
+
+def test_bench_trees_option_is_checked(model_dirs, tmp_path, capsys) -> None:
+    code = main(
+        ["bench", "--base", str(model_dirs / "base"), "--prompts", str(model_dirs / "prompts.jsonl")]
+        + ["--trees", "hydra=chain-2", "--out", str(tmp_path / "b")]
+    )
+    assert code == 2 and "TYPE=T1,T2" in capsys.readouterr().err

@@ -89,3 +89,46 @@ def test_auto_tree_without_calibration_is_a_clear_error(tmp_path) -> None:
         decoder.generate(torch.tensor([[3, 4]]), max_new_tokens=3, tree="auto")
     with pytest.raises(ValueError, match="calibrated for draft heads"):
         SpecDecoder(base).generate(torch.tensor([[3, 4]]), max_new_tokens=3, tree="auto")
+
+
+def test_calibrate_eagle_heads_writes_a_static_tree_and_dynamic_parameters(tmp_path) -> None:
+    from specheads.cli import main
+    from specheads.heads import EagleHead
+
+    base = tiny_model("llama", seed=1, layers=4)
+    base.save_pretrained(tmp_path / "base")
+    tiny_tokenizer().save_pretrained(tmp_path / "base")
+    EagleHead.from_base(base, version=3).save_pretrained(tmp_path / "heads")
+    (tmp_path / "data.txt").write_text("def f(x):\n    return x * 2\n" * 40)
+    args = ["calibrate", "--base", str(tmp_path / "base"), "--heads", str(tmp_path / "heads")]
+    assert main([*args, "--data", str(tmp_path / "data.txt"), "--max-length", "64", "--batches", "2"]) == 0
+    record = json.loads((tmp_path / "heads" / "tree.json").read_text())
+    assert set(record["dynamic"]) == {"top_k", "depth", "total_tokens"} and record["draft_ms_per_level"] > 0
+    decoder = SpecDecoder.from_pretrained(base, heads=str(tmp_path / "heads"))
+    assert decoder.drafter.dynamic.total_tokens == record["dynamic"]["total_tokens"]
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    for tree in ("auto", "dynamic"):
+        out = decoder.generate(prompt, max_new_tokens=12, tree=tree)
+        assert torch.equal(out.sequences, greedy_reference(base, prompt, 12))
+
+
+def test_dynamic_parameters_cover_the_tree_shape() -> None:
+    from specheads.inference.calibrate import dynamic_parameters
+
+    assert dynamic_parameters([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]) == {
+        "top_k": 2,  # ranks 0-1; two nodes expanded at depth 1
+        "depth": 3,
+        "total_tokens": 6,
+    }
+    assert dynamic_parameters([[0], [0, 0], [0, 0, 0]]) == {"top_k": 1, "depth": 3, "total_tokens": 3}
+    assert dynamic_parameters([]) == {"top_k": 1, "depth": 1, "total_tokens": 1}
+
+
+def test_a_per_level_draft_cost_is_charged_per_tree_level() -> None:
+    cheap = choose_tree(AGREEMENT, {1: 10.0, 64: 12.0}, max_nodes=20)
+    costly = choose_tree(AGREEMENT, {1: 10.0, 64: 12.0}, max_nodes=20, depth_ms=7.0)
+    assert len(costly.choices) < len(cheap.choices)
+    depth = max(map(len, cheap.choices))
+    assert cheap.step_ms + 7.0 * depth == pytest.approx(
+        choose_tree(AGREEMENT, {1: 10.0 + 7.0 * depth, 64: 12.0 + 7.0 * depth}, max_nodes=20).step_ms
+    )
