@@ -6,12 +6,14 @@ Medusa-2 (``lora.enabled``): peft LoRA adapters on the base learn jointly with t
 
 Accelerate owns processes, devices, mixed precision, trackers and ``save_state``/``load_state``. A checkpoint is
 written into a hidden temporary directory and renamed into place once complete, so a crash mid-write never leaves a
-checkpoint that looks complete; ``train.resume=auto`` continues from the newest one.
+checkpoint that looks complete; ``train.resume=auto`` continues from the newest one. Under FSDP
+(``configs/accelerate/fsdp.yaml``) the frozen base is sharded across the processes and the heads are replicated.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -23,7 +25,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -72,7 +74,12 @@ def setup(config: RecipeConfig) -> Run:
     set_seed(config.train.seed)
     _guard_output_dir(config, output, accelerator)
     tokenizer = load_tokenizer(config.model.tokenizer or config.model.base)
-    base = load_causal_lm(config.model.base, dtype=_dtype(config.model.dtype), device=accelerator.device)
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    if fsdp:
+        _check_fsdp_recipe(config, accelerator)
+    # Under FSDP the base stays on the CPU until prepare: FSDP moves it to the GPU one shard at a time.
+    device = "cpu" if fsdp else accelerator.device
+    base = load_causal_lm(config.model.base, dtype=_dtype(config.model.dtype), device=device)
     head_type = HEAD_TYPES[config.heads.type]
     with accelerator.main_process_first():
         data_config = dataclasses.replace(config.data, paths=expand_data_paths(config.data.paths))
@@ -94,7 +101,9 @@ def setup(config: RecipeConfig) -> Run:
         config.train.schedule, optimizer, num_warmup_steps=config.train.warmup_steps, num_training_steps=total_steps
     )
     # The scheduler stays unprepared: it steps once per optimizer step whatever the number of processes.
-    if config.lora.enabled:
+    if fsdp:  # the frozen base is sharded across the processes (bases that do not fit one GPU)
+        base, heads, optimizer, dataloader = _prepare_fsdp(accelerator, base, heads, optimizer, dataloader)
+    elif config.lora.enabled:
         base, heads, optimizer, dataloader = accelerator.prepare(base, heads, optimizer, dataloader)
     else:
         heads, optimizer, dataloader = accelerator.prepare(heads, optimizer, dataloader)
@@ -113,6 +122,53 @@ def setup(config: RecipeConfig) -> Run:
     )
     _resume(run)
     return run
+
+
+def _check_fsdp_recipe(config: RecipeConfig, accelerator: Accelerator) -> None:
+    """What the FSDP path does not cover yet, refused before the base is loaded (rather than a hang or a bad export)."""
+    version = accelerator.state.fsdp_plugin.fsdp_version
+    if version != 1:
+        raise ConfigError(f"fsdp_version {version}: specheads shards the base with FSDP1 (fsdp_version: 1)")
+    if config.lora.enabled:
+        raise ConfigError("lora.enabled under FSDP is not supported: use DDP (configs/accelerate/ddp.yaml)")
+    if config.data.eval_paths or config.data.heldout_fraction > 0:
+        # cleanup() evaluates on the main process alone; a sharded base forward needs every process (it would hang).
+        raise ConfigError(
+            "held-out evaluation is not supported under FSDP: set data.eval_paths=[] data.heldout_fraction=0 "
+            "and measure the exported heads with `specheads bench` or `specheads calibrate`"
+        )
+
+
+def _prepare_fsdp(
+    accelerator: Accelerator, base: torch.nn.Module, heads: torch.nn.Module, optimizer: Any, dataloader: Any
+) -> tuple[torch.nn.Module, torch.nn.Module, Any, Any]:
+    """Shard the frozen base across the processes (FULL_SHARD); keep the small heads whole on every process.
+
+    accelerate applies one FSDP plugin to every model it prepares, so the plugin is adjusted per model (FSDP1):
+
+    * heads first: they become accelerate's model 0, and FSDP checkpoints pair optimizer i with model i;
+    * heads with NO_SHARD and no auto-wrap: whole heads on every process, as under DDP, which the export, the
+      checksums and the heads' own reads of their parameters outside forward rely on;
+    * ``use_orig_params``: the optimizer was built over the heads' own parameters, which FSDP then keeps (with
+      flat parameters it would step tensors the model no longer uses); the base has no trainable parameters, so
+      any setting suits it;
+    * the base's embedding and lm_head are ignored (kept whole, moved by hand): the heads call them outside the
+      base's forward, where FSDP leaves its parameters sharded;
+    * no FSDP mixed-precision policy: the base keeps its loaded dtype and fp32 buffers (RoPE), the heads compute
+      under accelerate's autocast with fp32 weights and gradients, as under DDP.
+    """
+    from torch.distributed.fsdp import ShardingStrategy
+
+    plugin = accelerator.state.fsdp_plugin
+    base_strategy, base_wrap = plugin.sharding_strategy, plugin.auto_wrap_policy
+    plugin.use_orig_params, plugin.mixed_precision_policy = True, None
+    plugin.sharding_strategy, plugin.auto_wrap_policy, plugin.ignored_modules = ShardingStrategy.NO_SHARD, None, None
+    heads, optimizer, dataloader = accelerator.prepare(heads, optimizer, dataloader)
+    shared = [base.get_input_embeddings(), base.get_output_embeddings()]
+    shared = [module.to(accelerator.device) for module in shared if module is not None]
+    plugin.sharding_strategy, plugin.auto_wrap_policy, plugin.ignored_modules = base_strategy, base_wrap, shared
+    base = accelerator.prepare(base)
+    return base, heads, optimizer, dataloader
 
 
 def expand_data_paths(paths: list[str]) -> list[str]:
@@ -364,8 +420,24 @@ def cleanup(run: Run) -> Path:
                 step=run.step,
             )
     accelerator.wait_for_everyone()
+    _release_wrappers(run)
     accelerator.end_training()
     return target
+
+
+def _release_wrappers(run: Run) -> None:
+    """Free the DDP/FSDP wrappers while the process group still exists.
+
+    A wrapper freed after ``end_training`` destroyed the group (when ``train`` returns) runs its reducer's destructor,
+    which waits on a gloo thread that needs the interpreter lock the main thread holds: a hang at exit in about one
+    2-process run in ten. Unwrapped modules keep everything the export and the caller need.
+    """
+    run.heads = run.accelerator.unwrap_model(run.heads)
+    run.base = run.accelerator.unwrap_model(run.base)
+    run.optimizer = run.dataloader = None
+    run.accelerator.free_memory()  # drops accelerate's own references to the prepared objects
+    gc.collect()
+    run.accelerator.wait_for_everyone()
 
 
 def evaluate(run: Run, heads: torch.nn.Module) -> dict[str, Any] | None:

@@ -1,0 +1,307 @@
+"""EAGLE training end to end on a tiny model: it trains and exports, resumes after SIGKILL exactly, runs on two
+processes like on one, and refuses bad recipes before any compute. Modelled on ``test_trainer.py`` (Medusa)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import tiny_model, tiny_tokenizer
+
+from specheads.heads import load_heads
+from specheads.training.config import ConfigError, load_config
+from specheads.training.trainer import train
+
+REPO = Path(__file__).resolve().parents[2]
+TEXT = (
+    "def add(a, b):\n    return a + b\n\n\nclass Stack:\n    def push(self, item):\n        self.items.append(item)\n"
+)
+TIMEOUT_S = 300  # a 2-process run must never hang the suite
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """A tiny Llama base (4 layers, so EAGLE-3's three feature layers are distinct) and a few KB of code text."""
+    root = tmp_path_factory.mktemp("eagle-train")
+    tiny_model("llama", seed=1, layers=4).save_pretrained(root / "base")
+    tiny_tokenizer().save_pretrained(root / "base")
+    data = root / "data"
+    data.mkdir()
+    for index in range(12):
+        (data / f"doc{index:02d}.txt").write_text(TEXT * (2 + index % 3))
+    return root
+
+
+def _base() -> torch.nn.Module:
+    return tiny_model("llama", seed=1, layers=4)
+
+
+def _overrides(workspace: Path, out: Path, version: int = 3, **extra) -> list[str]:
+    values = {
+        "model.base": str(workspace / "base"),
+        "data.paths": f"[{workspace / 'data'}]",
+        "data.format": "text",
+        "data.max_length": 32,
+        "heads.type": "eagle",
+        "heads.version": version,
+        "train.batch_size": 4,
+        "train.steps": 6,
+        "train.lr": 3e-3,
+        "train.warmup_steps": 1,
+        "output.dir": str(out),
+        "output.save_every": 0,
+        "log.every": 2,
+    }
+    if version == 3:
+        values.update({"heads.draft_vocab_size": 48, "heads.ttt_steps": 3})
+    values.update(extra)
+    return [f"{key}={value}" for key, value in values.items()]
+
+
+def _heads(path: Path) -> dict[str, torch.Tensor]:
+    return load_heads(path).state_dict()
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, read from /proc (empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL the launcher's process group and every process below it.
+
+    The group alone is not enough: torchrun starts each worker in a session of its own, so a worker stuck at exit
+    outlives its killed launcher (and would keep a pipe open forever: output goes to a file, never a pipe).
+    """
+    below = _descendants(process.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()
+
+
+def _run(command: list[str], log: Path, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run ``command`` (output into ``log``); past ``timeout`` kill it with all its processes and fail."""
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            command, env=_env(), stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(process)
+            pytest.fail(f"{' '.join(command[:6])} ... ran past {timeout} s and was killed:\n{log.read_text()[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, log.read_text(), "")
+
+
+def _two_processes(overrides: list[str], log: Path, config_file: Path | None = None) -> subprocess.CompletedProcess:
+    """``accelerate launch`` two CPU processes (gloo) of ``specheads.train``, exactly as the Medusa test does."""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch"]
+    if config_file is not None:
+        launcher += ["--config_file", str(config_file)]
+    else:
+        launcher += ["--multi_gpu"]
+    launcher += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    return _run([*launcher, "-m", "specheads.train", *overrides], log)
+
+
+# ---------------------------------------------------------------------------------------------------- train + export
+@pytest.mark.parametrize("version", [3, 1])
+def test_eagle_training_exports_heads_and_per_depth_agreement(workspace, tmp_path, version) -> None:
+    extra = {"data.eval_paths": f"[{workspace / 'data'}]", "data.eval_batches": 2}
+    heads_dir = train(load_config(None, _overrides(workspace, tmp_path / "run", version, **extra)))
+    heads = load_heads(heads_dir, base_model=_base())
+    assert heads.config.version == version
+    assert json.loads((heads_dir / "recipe.json").read_text())["heads"]["type"] == "eagle"
+    if version == 3:
+        assert heads.config.draft_vocab_size == 48 and heads.config.reduced_vocab
+        assert int(heads.t2d.sum()) == 48
+    else:
+        assert heads.config.draft_vocab_size == heads.config.vocab_size == 96
+        assert heads.fc.bias is not None  # EAGLE-1's default, as EAGLE's repo and SGLang
+    initial = load_heads(heads_dir).state_dict()
+    fresh = train(load_config(None, _overrides(workspace, tmp_path / "one-step", version, **{"train.steps": 1})))
+    moved = [name for name, value in _heads(fresh).items() if not torch.equal(value, initial[name])]
+    assert any("midlayer" in name for name in moved)  # six steps train more than one
+    evaluation = json.loads((heads_dir / "eval.json").read_text())
+    agreement = evaluation["agreement_with_base_greedy"]
+    assert len(agreement) == len(evaluation["positions"]) >= 3  # one entry per draft depth
+    assert all(0.0 <= value <= 1.0 for value in agreement)
+    assert evaluation["positions"][0] > 0
+
+
+def test_corpus_targets_train(workspace, tmp_path) -> None:
+    corpus = train(load_config(None, _overrides(workspace, tmp_path / "corpus", **{"heads.targets": "corpus"})))
+    assert json.loads((corpus / "recipe.json").read_text())["heads"]["targets"] == "corpus"
+    assert load_heads(corpus, base_model=_base()).config.version == 3
+    assert json.loads((tmp_path / "corpus" / "final_state.json").read_text())["step"] == 6
+    distilled = train(load_config(None, _overrides(workspace, tmp_path / "self", **{"heads.targets": "self"})))
+    assert any(not torch.equal(value, _heads(distilled)[name]) for name, value in _heads(corpus).items())
+
+
+# ---------------------------------------------------------------------------------------------------- resume
+def test_eagle3_resume_after_sigkill_matches_an_uninterrupted_run(workspace, tmp_path) -> None:
+    steps = {"train.steps": 30, "output.save_every": 4, "train.seed": 7}
+    reference = train(load_config(None, _overrides(workspace, tmp_path / "reference", **steps)))
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "specheads.train", *_overrides(workspace, out, **steps)]
+    with (tmp_path / "killed.log").open("w") as output:
+        process = subprocess.Popen(command, env=_env(), stdout=output, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 120
+            while not (out / "checkpoints" / "step-00000008").is_dir():
+                assert process.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+                assert time.time() < deadline, "no checkpoint at step 8 within 120 s"
+                time.sleep(0.02)
+        finally:
+            process.send_signal(signal.SIGKILL)  # right after the checkpoint, mid-run
+            process.wait()
+    assert not (out / "heads").exists(), "the run finished before it could be killed; make it longer"
+    resumed = _run(command, tmp_path / "resumed.log")
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "resumed from" in resumed.stdout
+    for name, value in _heads(reference).items():
+        torch.testing.assert_close(_heads(out / "heads")[name], value, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------- two processes
+def _two_equal_one(workspace: Path, tmp_path: Path, config_file: Path | None) -> None:
+    """2 processes x batch 2 == 1 process x batch 4: same global batches (seedable sampler), same heads."""
+    common = {"train.steps": 4}
+    single = train(load_config(None, _overrides(workspace, tmp_path / "single", **common)))
+    out = tmp_path / "double"
+    overrides = _overrides(workspace, out, **{**common, "train.batch_size": 2})
+    result = _two_processes(overrides, tmp_path / "double.log", config_file)
+    assert result.returncode == 0, result.stdout[-3000:]
+    final = json.loads((out / "final_state.json").read_text())
+    assert final["world_size"] == 2
+    first, second = final["heads_checksum_by_rank"]
+    assert first == second
+    for name, value in _heads(single).items():
+        torch.testing.assert_close(_heads(out / "heads")[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_eagle3_two_processes_agree_with_one(workspace, tmp_path) -> None:
+    _two_equal_one(workspace, tmp_path, config_file=None)
+
+
+def test_eagle3_ddp_accelerate_config_agrees_with_one_process(workspace, tmp_path) -> None:
+    """The shipped ``configs/accelerate/ddp.yaml`` (mixed precision overridden to no: this CPU has no bf16 units)."""
+    _two_equal_one(workspace, tmp_path, config_file=REPO / "configs" / "accelerate" / "ddp.yaml")
+
+
+FSDP_PROBE = """
+import os
+from accelerate import Accelerator
+accelerator = Accelerator(cpu=True)  # as specheads' trainer builds it without a GPU
+print(f"rank {accelerator.process_index}: distributed_type={accelerator.distributed_type.value} "
+      f"ACCELERATE_USE_FSDP={os.environ.get('ACCELERATE_USE_FSDP')}", flush=True)
+"""
+
+
+def _fsdp_on_cpu_blocker(tmp_path: Path) -> str | None:
+    """Why ``configs/accelerate/fsdp.yaml`` cannot run here, as accelerate itself reports it (None: it can).
+
+    The trainer builds ``Accelerator(cpu=True)`` when there is no GPU (without it, CPU processes each train alone).
+    accelerate selects ``DistributedType.FSDP`` only inside its GPU-class branch (``MULTI_GPU``, ``MULTI_NPU``,
+    ...); with ``cpu=True`` it picks ``MULTI_CPU`` (DDP over gloo) and ignores ``ACCELERATE_USE_FSDP``, silently,
+    so a CPU "FSDP" run would only test DDP again. (torch's own FSDP1 does run on CPU over gloo.)
+    """
+    if torch.cuda.device_count() >= 2:
+        return None
+    probe = tmp_path / "fsdp_probe.py"
+    probe.write_text(FSDP_PROBE)
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+    launcher += [str(REPO / "configs" / "accelerate" / "fsdp.yaml"), "--num_processes", "2"]
+    result = _run([*launcher, "--mixed_precision", "no", str(probe)], tmp_path / "probe.log", timeout=120)
+    observed = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    if result.returncode == 0 and observed and all("distributed_type=FSDP" in line for line in observed):
+        return None
+    failure = (
+        f" output: {result.stdout.strip().splitlines()[-1]}" if result.returncode and result.stdout.strip() else ""
+    )
+    return (
+        f"FSDP does not run on CPU: launched with configs/accelerate/fsdp.yaml (rc={result.returncode}), "
+        f"Accelerator(cpu=True) reports {'; '.join(observed) or 'nothing'}{failure}. No exception is raised: "
+        "accelerate (state.py) selects DistributedType.FSDP only for GPU-class back-ends, cpu=True gives MULTI_CPU "
+        "(plain DDP over gloo) whatever ACCELERATE_USE_FSDP says, and without cpu=True the CPU processes form no "
+        "process group at all, so the trainer's FSDP path cannot be reached on a CPU-only machine"
+    )
+
+
+def test_what_the_fsdp_path_does_not_cover_is_refused(workspace, tmp_path) -> None:
+    """Checked before the base loads: FSDP2, and held-out evaluation (it runs on one process, while a sharded base's
+    forward needs all of them: it would hang)."""
+    from specheads.training.trainer import _check_fsdp_recipe
+
+    def fsdp(version: int) -> SimpleNamespace:  # the part of an Accelerator the check reads
+        return SimpleNamespace(state=SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=version)))
+
+    plain = load_config(None, _overrides(workspace, tmp_path / "ok"))
+    _check_fsdp_recipe(plain, fsdp(1))
+    with pytest.raises(ConfigError, match="fsdp_version 2: specheads shards the base with FSDP1"):
+        _check_fsdp_recipe(plain, fsdp(2))
+    evaluated = load_config(None, _overrides(workspace, tmp_path / "eval", **{"data.heldout_fraction": 0.1}))
+    with pytest.raises(ConfigError, match="held-out evaluation is not supported under FSDP"):
+        _check_fsdp_recipe(evaluated, fsdp(1))
+
+
+def test_fsdp_accelerate_config_agrees_with_one_process(workspace, tmp_path) -> None:
+    blocker = _fsdp_on_cpu_blocker(tmp_path)
+    if blocker is not None:
+        pytest.skip(blocker)
+    _two_equal_one(workspace, tmp_path, config_file=REPO / "configs" / "accelerate" / "fsdp.yaml")
+
+
+# ---------------------------------------------------------------------------------------------------- bad recipes
+BAD_RECIPES = {
+    "heads.version=2": ({"heads.version": 2}, "EAGLE versions are 1 and 3"),
+    "heads.targets=bogus": ({"heads.targets": "bogus"}, "heads.targets is 'bogus'"),
+    "two layer_ids": ({"heads.layer_ids": "[1, 2]"}, "names 3 base layers"),
+    "draft_vocab_size=0": ({"heads.draft_vocab_size": 0}, "draft_vocab_size must be >= 1"),
+    "ttt_steps=0": ({"heads.ttt_steps": 0}, "ttt_steps must be >= 1"),
+    "lora with eagle": ({"lora.enabled": "true"}, "lora.enabled .* Medusa-2 setting"),
+    "medusa key in the eagle section": ({"heads.num_heads": 2}, r"unknown key\(s\) \['heads.num_heads'\]"),
+    "unknown head type": ({"heads.type": "hydra"}, "heads.type is 'hydra'; choose one of"),
+}
+
+
+@pytest.mark.parametrize("extra,message", BAD_RECIPES.values(), ids=BAD_RECIPES.keys())
+def test_bad_eagle_recipes_are_config_errors(workspace, tmp_path, extra, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, _overrides(workspace, tmp_path / "bad", **extra))
+    assert not (tmp_path / "bad").exists()  # refused before any output, let alone compute
+
+
+def test_layer_ids_outside_the_base_are_a_clear_error_at_setup(workspace, tmp_path) -> None:
+    config = load_config(None, _overrides(workspace, tmp_path / "far", **{"heads.layer_ids": "[0, 1, 99]"}))
+    with pytest.raises(ValueError, match=r"layer_ids \[0, 1, 99\].*in \[0, 3\].*4 decoder layers"):
+        train(config)
+    assert not (tmp_path / "far" / "checkpoints").exists()
