@@ -333,7 +333,9 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--format", default="text", help="data format: text | jsonl | sharegpt")
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--batches", type=int, default=20, help="held-out batches of 8 rows to measure agreement on")
-    parser.add_argument("--max-nodes", type=int, default=64)
+    parser.add_argument("--max-nodes", type=int, default=32, help="largest tree timed")
+    parser.add_argument("--prompt-tokens", type=int, default=48, help="held-out prompt length for the timed decodes")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per timed decode")
     parser.add_argument("--threads", type=int)
     parser.set_defaults(handler=_calibrate)
 
@@ -346,11 +348,15 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     from specheads.heads import head_type_of, load_heads
     from specheads.inference.calibrate import (
+        candidate_trees,
         choose_tree,
         dynamic_parameters,
+        measure_decoding,
         measure_draft_cost,
         measure_verify_cost,
     )
+    from specheads.inference.decoder import SpecDecoder
+    from specheads.inference.trees import DynamicTree
     from specheads.loading import load_causal_lm, load_tokenizer
     from specheads.training.config import DataConfig
     from specheads.training.data import build_dataset
@@ -376,13 +382,34 @@ def _calibrate(args: argparse.Namespace) -> int:
         step_ms = measure_verify_cost(base, sizes=(1, 2, 4, 8, 16, 32, 64))
     depth_ms = measure_draft_cost(heads) if head_type.name == "eagle" else 0.0
     best = choose_tree(agreement["agreement_by_rank"], step_ms, max_nodes=args.max_nodes, depth_ms=depth_ms)
+    # The model above ranks trees; the decode loop itself, timed on held-out prompts, decides.
+    statics = candidate_trees(agreement["agreement_by_rank"], args.max_nodes)
+    trees: list = [*statics]
+    if head_type.name == "eagle":
+        dynamics = list({tuple(dynamic_parameters(c).values()): dynamic_parameters(c) for c in statics}.values())
+        trees += [DynamicTree(**params) for params in dynamics]
+    prompts = [row["input_ids"][None, : args.prompt_tokens] for row in dataset.select(range(min(4, len(dataset))))]
+    decoder = SpecDecoder(base, head_type.make_drafter(heads))
+    timed = measure_decoding(decoder, prompts, trees, max_new_tokens=args.new_tokens)
+    measured = [
+        {
+            "tree": tree if isinstance(tree, list) else vars(tree),
+            "nodes": len(tree) if isinstance(tree, list) else tree.total_tokens,
+            **result,
+        }
+        for tree, result in zip(trees, timed, strict=True)
+    ]
+    static_best = max(measured[: len(statics)], key=lambda row: row["tokens_per_s"])
+    dynamic_rows = measured[len(statics) :]
     record = {
-        "choices": best.choices,
-        **({"dynamic": dynamic_parameters(best.choices)} if head_type.name == "eagle" else {}),
+        "choices": static_best["tree"],
+        **({"dynamic": max(dynamic_rows, key=lambda row: row["tokens_per_s"])["tree"]} if dynamic_rows else {}),
+        "measured": measured,
         "draft_ms_per_level": depth_ms,
         "expected_tau": best.expected_tau,
         "step_ms": best.step_ms,
         "expected_tokens_per_s": best.expected_tokens_per_s,
+        "model_choice": best.choices,
         "verify_ms_by_query_tokens": step_ms,
         "agreement_by_rank": agreement["agreement_by_rank"],
         "candidates": best.candidates,
@@ -395,9 +422,14 @@ def _calibrate(args: argparse.Namespace) -> int:
         + ", ".join(f"{row[0]:.3f}" for row in agreement["agreement_by_rank"])
     )
     print(
-        f"best tree: {len(best.choices)} nodes, expected tau {best.expected_tau:.2f}, "
-        f"{best.step_ms:.1f} ms/step, expected {best.expected_tokens_per_s:.0f} tokens/s; written to "
-        f"{Path(args.heads) / 'tree.json'}"
+        f"cost model: {len(best.choices)} nodes, expected tau {best.expected_tau:.2f}, "
+        f"{best.step_ms:.1f} ms/step, expected {best.expected_tokens_per_s:.0f} tokens/s"
+    )
+    for row in measured:
+        print(f"  measured {row['tree']}: {row['tokens_per_s']:.0f} tokens/s, tau {row['tau']:.2f}")
+    print(
+        f"best static tree (tree='auto'): {len(static_best['tree'])} nodes, {static_best['tokens_per_s']:.0f} "
+        f"tokens/s measured; written to {Path(args.heads) / 'tree.json'}"
     )
     if "dynamic" in record:
         print(f"EAGLE-2 dynamic tree for this machine: {record['dynamic']} (draft level {depth_ms:.2f} ms)")

@@ -183,3 +183,44 @@ def measure_verify_cost(
             kv_cache.crop(cache, prefix_len)
         timings[size] = statistics.median(samples[2:])
     return timings
+
+
+def candidate_trees(agreement_by_rank: Sequence[Sequence[float]], max_nodes: int) -> list[list[list[int]]]:
+    """Growth prefixes worth timing: 1, 2, 3, 4, 6, 9, 13, 19, 28, ... nodes (up to ``max_nodes``)."""
+    nodes = grow_tree(agreement_by_rank, max_nodes)
+    sizes, size = [], 1
+    while size <= len(nodes):
+        sizes.append(size)
+        size = size + 1 if size < 4 else int(size * 1.5)
+    return [sorted((list(path) for path, _ in nodes[:size]), key=lambda p: (len(p), p)) for size in sizes]
+
+
+@torch.inference_mode()
+def measure_decoding(
+    decoder: object,
+    prompts: Sequence[torch.Tensor],
+    trees: Sequence[object],
+    max_new_tokens: int = 64,
+    repeats: int = 3,
+) -> list[dict[str, float]]:
+    """Decode ``prompts`` with each tree, interleaved (the order rotates), and return tokens/s and tau per tree.
+
+    The model of :func:`choose_tree` leaves out the drafter's own per-step overhead (Python, small kernels), which
+    on a CPU is as large as a draft forward; timing the real decode loop is what says which tree pays here. Each
+    tree's speed is the median over its decodes, so that a burst of load on a shared machine moves it little.
+    """
+    rates: list[list[float]] = [[] for _ in trees]
+    tokens = [0] * len(trees)
+    steps = [0] * len(trees)
+    for repeat in range(repeats):
+        for index, prompt in enumerate(prompts):
+            shift = (index + repeat) % len(trees)
+            for position in [*range(shift, len(trees)), *range(shift)]:
+                start = time.perf_counter()
+                out = decoder.generate(prompt, max_new_tokens=max_new_tokens, tree=trees[position])
+                rates[position].append(out.stats.new_tokens / (time.perf_counter() - start))
+                tokens[position] += out.stats.new_tokens
+                steps[position] += out.stats.steps
+    return [
+        {"tokens_per_s": statistics.median(rates[i]), "tau": tokens[i] / max(steps[i], 1)} for i in range(len(trees))
+    ]

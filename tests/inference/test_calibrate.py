@@ -67,6 +67,8 @@ def test_calibrate_command_writes_an_auto_tree_that_decodes_losslessly(tmp_path)
                 "2",
                 "--max-nodes",
                 "12",
+                "--new-tokens",
+                "6",
             ]
         )
         == 0
@@ -101,9 +103,12 @@ def test_calibrate_eagle_heads_writes_a_static_tree_and_dynamic_parameters(tmp_p
     EagleHead.from_base(base, version=3).save_pretrained(tmp_path / "heads")
     (tmp_path / "data.txt").write_text("def f(x):\n    return x * 2\n" * 40)
     args = ["calibrate", "--base", str(tmp_path / "base"), "--heads", str(tmp_path / "heads")]
-    assert main([*args, "--data", str(tmp_path / "data.txt"), "--max-length", "64", "--batches", "2"]) == 0
+    args += ["--data", str(tmp_path / "data.txt"), "--max-length", "64", "--batches", "2", "--new-tokens", "6"]
+    assert main([*args, "--max-nodes", "8"]) == 0
     record = json.loads((tmp_path / "heads" / "tree.json").read_text())
     assert set(record["dynamic"]) == {"top_k", "depth", "total_tokens"} and record["draft_ms_per_level"] > 0
+    timed = [row["tree"] for row in record["measured"]]
+    assert record["choices"] in timed and record["dynamic"] in timed  # the fastest measured, not only modelled
     decoder = SpecDecoder.from_pretrained(base, heads=str(tmp_path / "heads"))
     assert decoder.drafter.dynamic.total_tokens == record["dynamic"]["total_tokens"]
     prompt = torch.tensor([[5, 6, 7, 8]])
