@@ -80,7 +80,7 @@ HEAD_TYPES: dict[str, HeadType] = {
         train_step="specheads.training.eagle:train_step",
         evaluate="specheads.training.eagle:eagle_agreement",
         drafter="specheads.inference.eagle:EagleDrafter",
-        bench_trees=("chain-3", "chain-5", "binary-7", "dynamic", "auto"),
+        bench_trees=("chain-3", "chain-5", "binary-7", "dynamic", "dynamic-4-5-16", "auto"),
     ),
 }
 

@@ -65,9 +65,12 @@ class EagleDrafter:
         self._pending: torch.Tensor | None = None  # [1, M, H] fused base features not yet fed
 
     def resolve(self, tree: str | list | DynamicTree) -> TreeBuffers | DynamicTree:
-        """A tree spec for this head: ``"dynamic"``, ``"auto"``, a :class:`DynamicTree`, or a static tree."""
+        """A tree spec for this head: ``"dynamic"`` (the calibrated parameters), ``"dynamic-K-D-N"`` (top_k K, depth
+        D, total_tokens N), a :class:`DynamicTree`, ``"auto"`` (the calibrated static tree), or a static tree."""
         if isinstance(tree, DynamicTree):
             return tree
+        if isinstance(tree, str) and DynamicTree.parse(tree) is not None:
+            return DynamicTree.parse(tree)
         if tree == "dynamic":
             return self.dynamic
         if tree == "auto":

@@ -21,6 +21,7 @@ import torch
 
 TREES_DIR = Path(__file__).resolve().parents[2] / "configs" / "trees"
 _CHAIN_RE = re.compile(r"^chain-(\d+)$")
+_DYNAMIC_RE = re.compile(r"^dynamic-(\d+)-(\d+)-(\d+)$")
 
 Choices = tuple[tuple[int, ...], ...]
 
@@ -95,6 +96,16 @@ class DynamicTree:
     @property
     def max_depth(self) -> int:
         return self.depth
+
+    @classmethod
+    def parse(cls, text: str) -> DynamicTree | None:
+        """``"dynamic-K-D-N"`` (top_k K, depth D, total_tokens N), the form the CLI and bench take; else None."""
+        match = _DYNAMIC_RE.match(text)
+        return None if match is None else cls(*(int(group) for group in match.groups()))
+
+    @property
+    def name(self) -> str:
+        return f"dynamic-{self.top_k}-{self.depth}-{self.total_tokens}"
 
 
 def validate_choices(choices: Sequence[Sequence[int]]) -> Choices:
@@ -198,7 +209,7 @@ def resolve_tree(spec: str | Path | Sequence[Sequence[int]]) -> TreeBuffers:
     """
     if isinstance(spec, (str, Path)):
         text = str(spec)
-        if text == "dynamic":
+        if text == "dynamic" or _DYNAMIC_RE.match(text):
             raise TreeError("tree='dynamic' (EAGLE-2) is grown by an EAGLE head; this drafter takes static trees only")
         match = _CHAIN_RE.match(text)
         if match:

@@ -508,3 +508,17 @@ def test_from_pretrained_infers_eagle_from_the_checkpoint(base, trained, tmp_pat
     in_memory = SpecDecoder(base, EagleDrafter(head)).generate(prompt, max_new_tokens=24)
     assert out.stats.accepted_lengths == in_memory.stats.accepted_lengths  # the same head, the same drafts
     assert out.stats.mean_accepted_length > 1
+
+
+def test_dynamic_tree_string_form_equals_the_keywords() -> None:
+    base = tiny_model("llama", seed=1, layers=4)
+    decoder = SpecDecoder(base, EagleDrafter(EagleHead.from_base(base, version=3)))
+    prompt = torch.randint(2, 96, (1, 7), generator=torch.Generator().manual_seed(3))
+    by_name = decoder.generate(prompt, max_new_tokens=12, tree="dynamic-3-4-6")
+    by_keywords = decoder.generate(prompt, max_new_tokens=12, tree="dynamic", tree_top_k=3, depth=4, total_tokens=6)
+    assert torch.equal(by_name.sequences, by_keywords.sequences)
+    assert by_name.stats.accepted_lengths == by_keywords.stats.accepted_lengths
+    assert torch.equal(by_name.sequences, greedy_reference(base, prompt, 12))
+    assert DynamicTree.parse("dynamic-3-4-6") == DynamicTree(3, 4, 6) and DynamicTree(3, 4, 6).name == "dynamic-3-4-6"
+    with pytest.raises(TreeError, match="total_tokens"):
+        decoder.generate(prompt, max_new_tokens=4, tree="dynamic-3-4-0")
