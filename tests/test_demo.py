@@ -1,4 +1,4 @@
-"""specheads demo, end to end on the shipped default model (with a much shorter Medusa training)."""
+"""specheads demo, end to end on the shipped default model and its shipped EAGLE-3 heads (Medusa trained briefly)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def test_demo_runs_and_every_method_matches_greedy(tmp_path, monkeypatch, capsys
     assert demo.run_demo(max_new_tokens=16) == 0
     output = capsys.readouterr().out
     assert "all texts identical: yes" in output
-    for name in ("hf-greedy", "none", "draft-adaptive", "prompt-lookup", "medusa-"):
+    for name in ("hf-greedy", "none", "draft-adaptive", "prompt-lookup", "medusa-", "eagle-"):
         assert name in output
     assert (tmp_path / "medusa" / "heads" / "model.safetensors").is_file()
     assert demo.run_demo(max_new_tokens=8) == 0  # the second run reuses the cached heads

@@ -139,3 +139,24 @@ def _atomic_write(target: Path, write: Any) -> None:
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def config_from_checkpoint(config_class: type, config: dict[str, Any], where: str, kind: str) -> Any:
+    """Build a head config dataclass from a checkpoint's ``config.json``; unknown keys and bad values are errors."""
+    fields = {k: v for k, v in config.items() if k != "specheads_version"}
+    unknown = sorted(set(fields) - set(config_class.__dataclass_fields__))
+    if unknown:
+        raise HeadCheckpointError(f"{where}: unknown {kind} config keys {unknown}")
+    try:
+        return config_class(**fields)
+    except (TypeError, ValueError) as error:
+        raise HeadCheckpointError(f"{where}: {error}") from error
+
+
+def load_module_state(module: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Load ``tensors`` into ``module`` exactly: a missing or an extra tensor is an error naming both lists."""
+    missing, unexpected = module.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise HeadCheckpointError(
+            f"{where}: tensors do not match the config (missing {missing[:4]}, unexpected {unexpected[:4]})"
+        )

@@ -41,7 +41,14 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from specheads.heads.checkpoint import HeadCheckpointError, base_model_info, check_base, save_checkpoint
+from specheads.heads.checkpoint import (
+    HeadCheckpointError,
+    base_model_info,
+    check_base,
+    config_from_checkpoint,
+    load_module_state,
+    save_checkpoint,
+)
 from specheads.inference import kv_cache
 
 
@@ -443,19 +450,8 @@ class EagleHead(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> EagleHead:
-        fields = {k: v for k, v in config.items() if k != "specheads_version"}
-        unknown = sorted(set(fields) - set(EagleConfig.__dataclass_fields__))
-        if unknown:
-            raise HeadCheckpointError(f"{where}: unknown EAGLE config keys {unknown}")
-        try:
-            head = cls(EagleConfig(**fields))
-        except (TypeError, ValueError) as error:
-            raise HeadCheckpointError(f"{where}: {error}") from error
-        missing, unexpected = head.load_state_dict(tensors, strict=False)
-        if missing or unexpected:
-            raise HeadCheckpointError(
-                f"{where}: tensors do not match the config (missing {missing[:4]}, unexpected {unexpected[:4]})"
-            )
+        head = cls(config_from_checkpoint(EagleConfig, config, where, "EAGLE"))
+        load_module_state(head, tensors, where)
         if head.d2t is not None:
             try:
                 check_draft_map(head.draft_token_ids(), head.config.vocab_size, head.config.draft_vocab_size)

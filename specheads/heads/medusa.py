@@ -16,7 +16,13 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from specheads.heads.checkpoint import HeadCheckpointError, base_model_info, check_base, save_checkpoint
+from specheads.heads.checkpoint import (
+    base_model_info,
+    check_base,
+    config_from_checkpoint,
+    load_module_state,
+    save_checkpoint,
+)
 
 
 class ResBlock(nn.Module):
@@ -140,14 +146,6 @@ class MedusaHeads(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> MedusaHeads:
-        fields = {k: v for k, v in config.items() if k != "specheads_version"}
-        unknown = sorted(set(fields) - set(MedusaConfig.__dataclass_fields__))
-        if unknown:
-            raise HeadCheckpointError(f"{where}: unknown Medusa config keys {unknown}")
-        heads = cls(MedusaConfig(**fields))
-        missing, unexpected = heads.load_state_dict(tensors, strict=False)
-        if missing or unexpected:
-            raise HeadCheckpointError(
-                f"{where}: tensors do not match the config (missing {missing[:4]}, unexpected {unexpected[:4]})"
-            )
+        heads = cls(config_from_checkpoint(MedusaConfig, config, where, "Medusa"))
+        load_module_state(heads, tensors, where)
         return heads

@@ -18,7 +18,7 @@ import torch
 
 from specheads.heads.eagle import EagleHead
 from specheads.training.config import EagleHeadsConfig
-from specheads.training.evaluate import RANKS
+from specheads.training.evaluate import RANKS, agreement_summary
 from specheads.training.losses import draft_cross_entropy, eagle1_loss, eagle_targets, ttt_weights
 
 
@@ -150,11 +150,4 @@ def eagle_agreement(
             on_path[:, :count] &= input_ids[:, 2 + step :] == wanted
     if not counts.any():
         raise ValueError("no evaluation batches")
-    denominator = counts.clamp_min(1)
-    return {
-        "agreement_with_base_greedy": (agree / denominator).tolist(),
-        "top5_agreement": (top5 / denominator).tolist(),
-        "accuracy_vs_data": (correct / denominator).tolist(),
-        "agreement_by_rank": (by_rank / denominator[:, None]).tolist(),
-        "positions": [int(c) for c in counts],
-    }
+    return agreement_summary(agree, top5, correct, by_rank, counts)

@@ -59,6 +59,13 @@ def head_agreement(
             counts[head] += valid.sum()
     if counts is None:
         raise ValueError("no evaluation batches")
+    return agreement_summary(agree, top5, correct, by_rank, counts)
+
+
+def agreement_summary(
+    agree: torch.Tensor, top5: torch.Tensor, correct: torch.Tensor, by_rank: torch.Tensor, counts: torch.Tensor
+) -> dict[str, list[float] | list[list[float]] | list[int]]:
+    """Counts per depth (``[D]``, ``by_rank [D, R]``) turned into the rates every head type's evaluation reports."""
     denominator = counts.clamp_min(1)
     return {
         "agreement_with_base_greedy": (agree / denominator).tolist(),

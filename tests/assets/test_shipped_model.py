@@ -48,3 +48,23 @@ def test_default_model_decodes_losslessly(method: str) -> None:
     reference = decoder.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32)
     assert out.new_tokens == reference[0, ids.shape[1] :].tolist()
     assert out.text == decoder.tokenizer.decode(out.new_tokens, skip_special_tokens=True)
+
+
+def test_the_shipped_eagle3_heads_load_with_heads_default_and_decode_losslessly() -> None:
+    from specheads.heads import EagleHead
+
+    decoder = SpecDecoder.from_pretrained("default", heads="default")
+    head = decoder.drafter.head
+    assert decoder.drafter.name == "eagle" and isinstance(head, EagleHead) and head.config.version == 3
+    assert head.config.draft_vocab_size < head.config.vocab_size and head.calibrated_dynamic is not None
+    assert assets.manifest()["heads"]["eagle3"]["heldout_agreement_with_base_greedy_by_depth"][0] > 0.5
+    files = sorted((assets.DEFAULT_DIR / "eagle3").iterdir())
+    assert sum(path.stat().st_size for path in files) <= 8 * 2**20
+    assert assets.manifest()["total_bytes"] <= 30 * 2**20
+    prompt = torch.tensor([decoder.tokenizer("def parse(text):\n")["input_ids"]])
+    out = decoder.generate(prompt, max_new_tokens=48, tree="dynamic")
+    reference = decoder.model.generate(
+        prompt, do_sample=False, max_new_tokens=48, attention_mask=torch.ones_like(prompt)
+    )
+    assert torch.equal(out.sequences, reference)
+    assert out.stats.mean_accepted_length > 1.5  # trained heads: most steps accept drafts
