@@ -689,6 +689,9 @@ Small Llama models trained from scratch on this interpreter's Python standard li
 - `base/`: the target model ({plan.base.layers} layers, hidden {plan.base.hidden}).
 - `draft/`: a much smaller draft model ({plan.draft.layers} layer(s), hidden {plan.draft.hidden}) trained on the
   same batches with the same tokenizer, for draft-model speculative decoding.
+- `eagle3/`: EAGLE-3 draft heads for the base (`SpecDecoder.from_pretrained("default", heads="default")`), trained
+  with `specheads train --config configs/default/eagle3.yaml`, calibrated with `specheads calibrate` on this machine
+  (`tree.json`) and shipped with `python scripts/ship_default_heads.py runs/default-eagle3/heads`.
 - `prompts.jsonl`: benchmark prompts cut from held-out files (function header + docstring).
 - `manifest.json`: corpus, sizes, tokens seen, held-out losses, exact commands and the sha256 of every file.
 

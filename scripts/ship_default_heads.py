@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     from specheads.heads import EagleHead, load_heads
     from specheads.loading import load_causal_lm
 
-    heads = load_heads(args.heads, load_causal_lm("default"))  # refuses heads made for another base
+    # The base folder itself (not "default"): the manifest is what this script rewrites, so it may be stale here.
+    heads = load_heads(args.heads, load_causal_lm(str(ASSETS / "base")))  # refuses heads made for another base
     if not isinstance(heads, EagleHead) or heads.config.version != 3:
         raise SystemExit(f"{args.heads} holds no EAGLE-3 head")
     missing = [name for name in FILES[:3] if not (args.heads / name).is_file()]
