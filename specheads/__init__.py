@@ -1,6 +1,6 @@
 """specheads: lossless speculative decoding for any transformers causal LM."""
 
-from specheads.heads import HeadCheckpointError, MedusaHeads, load_heads
+from specheads.heads import EagleHead, HeadCheckpointError, MedusaHeads, load_heads
 from specheads.inference import (
     DraftModelDrafter,
     GenerationOutput,
@@ -9,12 +9,17 @@ from specheads.inference import (
     SpecDecoder,
     TreeError,
 )
+from specheads.inference.eagle import EagleDrafter
+from specheads.inference.trees import DynamicTree
 from specheads.metrics import SpecStats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DraftModelDrafter",
+    "DynamicTree",
+    "EagleDrafter",
+    "EagleHead",
     "HeadCheckpointError",
     "MedusaHeads",
     "GenerationOutput",

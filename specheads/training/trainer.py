@@ -1,8 +1,11 @@
 """Head training with Accelerate: ``setup -> train -> cleanup``, shared by every head type.
 
-Medusa-1: the base is frozen (eval mode, no gradients) and runs once per batch for all heads; only the heads learn.
-Medusa-2 (``lora.enabled``): peft LoRA adapters on the base learn jointly with the heads under
-``L = lm_w * L_LM + sum_k w0 * decay^k * schedule * L_k`` (heads only during ``lora.stage1_steps``).
+The head type (``heads.type``) comes from :mod:`specheads.heads.registry`, which names how its heads are built, the
+loss of one micro-batch and the held-out evaluation; this module owns everything else (processes, data, optimizer,
+schedule, checkpoints, export). Medusa (:mod:`specheads.training.medusa`): Medusa-1 freezes the base, which runs once
+per batch for all heads; Medusa-2 (``lora.enabled``) trains peft LoRA adapters jointly with the heads under
+``L = lm_w * L_LM + sum_k w0 * decay^k * schedule * L_k``. EAGLE (:mod:`specheads.training.eagle`): the base is frozen
+and in the loop; EAGLE-1 regresses features, EAGLE-3 unrolls the draft on its own outputs.
 
 Accelerate owns processes, devices, mixed precision, trackers and ``save_state``/``load_state``. A checkpoint is
 written into a hidden temporary directory and renamed into place once complete, so a crash mid-write never leaves a
