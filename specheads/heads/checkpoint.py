@@ -130,11 +130,18 @@ def _pickle_message(path: Path) -> str:
     )
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(target: Path, write: Any) -> None:
     handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(handle)
     try:
         write(temporary)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600 files; a checkpoint is as readable as any file
         os.replace(temporary, target)
     finally:
         if os.path.exists(temporary):

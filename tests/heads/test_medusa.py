@@ -113,3 +113,15 @@ def test_unknown_head_type_and_keys(base, tmp_path) -> None:
 def test_bad_hyper_parameters() -> None:
     with pytest.raises(ValueError, match="num_heads"):
         MedusaHeads.from_base(tiny_model("llama"), num_heads=0)
+
+
+def test_checkpoint_files_get_the_usual_permissions(tmp_path) -> None:
+    import os
+
+    from helpers import tiny_model
+
+    MedusaHeads.from_base(tiny_model("llama"), num_heads=1).save_pretrained(tmp_path)
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~mask  # not mkstemp's 0600
