@@ -154,20 +154,31 @@ class EagleDrafter:
         return Proposal(tokens=tokens[None], tree=buffers, draft_probs=None)
 
     def _expand(
-        self, tokens: torch.Tensor, parent_hidden: torch.Tensor, ancestors: list[list[int]], depth: int
-    ) -> tuple:
-        """Feed nodes of one depth: tokens ``[n]``, their parents' draft outputs ``[n, H]``.
+        self,
+        nodes: list[int],
+        tokens: torch.Tensor,
+        parent_hidden: torch.Tensor,
+        parents: tuple[int, ...] | list[int],
+        entry: dict[int, int],
+        depth: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed the ``nodes`` of one depth: their tokens ``[n]`` and their parents' draft outputs ``[n, H]``.
 
-        ``ancestors[j]`` are the tree-entry indices (order of feeding) of node j's fed ancestors. Returns the nodes'
-        draft outputs ``[n, H]`` and log-probabilities ``[n, Vd]``; their entries are appended to the cache.
+        ``entry`` maps every node fed so far to its tree entry in the cache (order of feeding); a node attends to the
+        committed pairs, to its fed ancestors (the root is never in ``entry``) and to itself, and its own entry is
+        recorded. Returns the nodes' draft outputs ``[n, H]`` and log-probabilities ``[n, Vd]``.
         """
-        count, fed = tokens.shape[0], kv_cache.seq_length(self.cache) - self.consumed
+        count, fed = len(nodes), kv_cache.seq_length(self.cache) - self.consumed
         device = parent_hidden.device
         mask = torch.zeros(count, self.consumed + fed + count, dtype=torch.bool, device=device)
         mask[:, : self.consumed] = True
-        for row, entries in enumerate(ancestors):
-            mask[row, [self.consumed + e for e in entries]] = True
+        for row, node in enumerate(nodes):
+            ancestor = parents[node]
+            while ancestor in entry:
+                mask[row, self.consumed + entry[ancestor]] = True
+                ancestor = parents[ancestor]
             mask[row, self.consumed + fed + row] = True
+            entry[node] = fed + row
         positions = torch.full((1, count), self.consumed - 1 + depth, dtype=torch.long, device=device)
         hidden = self.head.step(tokens[None], parent_hidden[None], positions, mask[None, None], self.cache)[0]
         return hidden, self.head.logits(hidden).float().log_softmax(dim=-1)
@@ -180,31 +191,22 @@ class EagleDrafter:
         log_probs: dict[int, torch.Tensor] = {0: root.log_probs}
         entry: dict[int, int] = {}  # node -> index of its tree entry in the cache
         depths = tree.depths.tolist()
+        expanding = [[n for n in range(size) if depths[n] == depth and tree.children[n]] for depth in range(size)]
         for depth in range(1, tree.max_depth + 1):
-            for parent in [n for n in range(size) if depths[n] == depth - 1 and tree.children[n]]:
+            for parent in expanding[depth - 1]:
                 children = tree.children[parent]
                 width = max(tree.ranks[c] for c in children) + 1
                 best = self.head.to_target(log_probs[parent].topk(width).indices)
                 for child in children:
                     tokens[child] = best[tree.ranks[child]]
-            expand = [n for n in range(size) if depths[n] == depth and tree.children[n]]
+            expand = expanding[depth]
             if not expand:
                 continue
-            ancestry = [self._ancestry(tree.parents, n, entry) for n in expand]
             parents = torch.stack([hidden[tree.parents[n]] for n in expand])
-            out, out_log_probs = self._expand(tokens[expand], parents, ancestry, depth)
-            fed = kv_cache.seq_length(self.cache) - self.consumed - len(expand)
+            out, out_log_probs = self._expand(expand, tokens[expand], parents, tree.parents, entry, depth)
             for row, node in enumerate(expand):
-                hidden[node], log_probs[node], entry[node] = out[row], out_log_probs[row], fed + row
+                hidden[node], log_probs[node] = out[row], out_log_probs[row]
         return tokens[1:]
-
-    @staticmethod
-    def _ancestry(parents: tuple[int, ...] | list[int], node: int, entry: dict[int, int]) -> list[int]:
-        chain, parent = [], parents[node]
-        while parent > 0:
-            chain.append(entry[parent])
-            parent = parents[parent]
-        return chain
 
     def _dynamic(self, root: _Root, spec: DynamicTree, max_depth: int) -> tuple[torch.Tensor, TreeBuffers]:
         """EAGLE-2: grow by expanding the ``top_k`` best nodes per depth, keep the ``total_tokens`` best overall."""
@@ -217,14 +219,11 @@ class EagleDrafter:
         entry: dict[int, int] = {}
         parent_hidden = {-1: root.hidden[0]}
         for depth in range(1, depth_limit):
-            ancestry = [self._dynamic_ancestry(parents, node, entry) for node in frontier]
             inputs = torch.tensor([tokens[n] for n in frontier], device=root.hidden.device)
             hidden_in = torch.stack([parent_hidden[parents[n]] for n in frontier])
-            out, out_log_probs = self._expand(inputs, hidden_in, ancestry, depth)
-            fed = kv_cache.seq_length(self.cache) - self.consumed - len(frontier)
+            out, out_log_probs = self._expand(frontier, inputs, hidden_in, parents, entry, depth)
             children = []
             for row, node in enumerate(frontier):
-                entry[node] = fed + row
                 parent_hidden[node] = out[row]
                 best = out_log_probs[row].topk(min(spec.top_k, out_log_probs.shape[1]))
                 for token, value in zip(self.head.to_target(best.indices).tolist(), best.values.tolist(), strict=True):
@@ -241,11 +240,3 @@ class EagleDrafter:
         buffers = tree_from_parents([-1] + [0 if parents[n] < 0 else index[parents[n]] for n in kept])
         drafted = torch.tensor([tokens[n] for n in kept], dtype=torch.long, device=root.hidden.device)
         return drafted, buffers
-
-    @staticmethod
-    def _dynamic_ancestry(parents: list[int], node: int, entry: dict[int, int]) -> list[int]:
-        chain, parent = [], parents[node]
-        while parent >= 0:
-            chain.append(entry[parent])
-            parent = parents[parent]
-        return chain

@@ -344,8 +344,8 @@ class _RecordingDrafter(EagleDrafter):
         super().__init__(head)
         self.outputs: list[torch.Tensor] = []
 
-    def _expand(self, tokens, parent_hidden, ancestors, depth):
-        hidden, log_probs = super()._expand(tokens, parent_hidden, ancestors, depth)
+    def _expand(self, *args):
+        hidden, log_probs = super()._expand(*args)
         self.outputs.extend(hidden)
         return hidden, log_probs
 
