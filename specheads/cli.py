@@ -12,6 +12,7 @@ from pathlib import Path
 from specheads.heads.registry import HEAD_TYPES
 
 METHOD_CHOICES = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
+FORMAT_CHOICES = ("eagle3", "speculators", "eagle", "medusa")
 
 
 def _add_generate(subparsers: argparse._SubParsersAction) -> None:
@@ -438,6 +439,83 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_export(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="export heads to a serving engine's layout, or check an exported directory",
+        description="Write heads in the layout a serving engine loads (eagle3: SGLang/vLLM LlamaForCausalLMEagle3; "
+        "speculators: vLLM's speculators format; eagle: EAGLE-1 for SGLang/vLLM; medusa: TGI/TensorRT-LLM/"
+        "FasterDecoding), check it against every engine's loading rules and print how to serve it. With --check DIR, "
+        "only check DIR (exit code 1 when an engine would reject it or silently serve something else).",
+    )
+    parser.add_argument("--heads", help="head checkpoint directory, or 'default' (the shipped EAGLE-3, --base default)")
+    parser.add_argument("--format", choices=FORMAT_CHOICES, help="layout to write (or, with --check, to check as)")
+    parser.add_argument("--out", help="new or empty output directory (never overwritten)")
+    parser.add_argument(
+        "--base",
+        help="the heads' base model: checks them against it, names it in the config and the "
+        "serve commands, and supplies the tensors a format takes from it (speculators: embed_tokens)",
+    )
+    parser.add_argument(
+        "--engine",
+        action="append",
+        dest="engines",
+        metavar="ENGINE",
+        help="serve this engine (repeatable; default: every engine that can serve the heads)",
+    )
+    parser.add_argument("--num-speculative-tokens", type=int, help="draft length written for vLLM")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default: the heads' dtype")
+    parser.add_argument("--check", metavar="DIR", help="check DIR against the engines' loading rules instead")
+    parser.set_defaults(handler=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from specheads.export import check_export, export_heads
+
+    if args.check:
+        report = check_export(args.check, args.format)
+        print(report.render())
+        for problem in report.all_problems():
+            print(f"problem: {problem}", file=sys.stderr)
+        return 0 if report.ok else 1
+    missing = [
+        flag for flag, value in (("--heads", args.heads), ("--format", args.format), ("--out", args.out)) if not value
+    ]
+    if missing:
+        raise ValueError(f"export needs {', '.join(missing)} (or --check DIR)")
+    from specheads.heads import load_heads
+    from specheads.heads.loading import ADAPTER_DIR
+    from specheads.inference.decoder import _heads_path
+    from specheads.loading import load_causal_lm
+
+    if args.heads == "default" and args.base != "default":
+        raise ValueError("--heads default are the heads shipped for --base default")
+    heads_dir = Path(_heads_path(args.heads))
+    base = load_causal_lm(args.base) if args.base else None
+    heads = load_heads(heads_dir, base)
+    base_name = None
+    if args.base == "default":
+        from specheads import assets
+
+        base_name = str(Path(assets.resolve("default")).resolve())
+    elif args.base and Path(args.base).is_dir():
+        base_name = str(Path(args.base).resolve())
+    result = export_heads(
+        heads,
+        args.out,
+        args.format,
+        base_model=base,
+        base_name=base_name or args.base,
+        engines=args.engines,
+        num_speculative_tokens=args.num_speculative_tokens,
+        dtype=args.dtype,
+    )
+    if (heads_dir / ADAPTER_DIR).is_dir():
+        result.notes.append(f"Medusa-2 heads: serve the base with the LoRA adapter in {heads_dir / ADAPTER_DIR} merged")
+    print(result.render())
+    return 0
+
+
 def _set_threads(threads: int | None) -> None:
     if threads:
         import torch
@@ -455,6 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_distill(subparsers)
     _add_train(subparsers)
     _add_calibrate(subparsers)
+    _add_export(subparsers)
     return parser
 
 

@@ -160,3 +160,65 @@ def tiny_tokenizer(vocab_size: int = 96):
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
+
+
+def base_samples(base: PreTrainedModel, rows: int = 16, new_tokens: int = 60, seed: int = 0) -> torch.Tensor:
+    """``[rows, 4 + new_tokens]`` sequences the base samples from random 4-token prompts (training data for heads)."""
+    vocab = base.get_output_embeddings().weight.shape[0]
+    prompts = torch.randint(2, vocab, (rows, 4), generator=torch.Generator().manual_seed(seed))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return base.generate(
+            prompts, do_sample=True, max_new_tokens=new_tokens, pad_token_id=0, attention_mask=torch.ones_like(prompts)
+        )
+
+
+def train_eagle_head(base: PreTrainedModel, sequences: torch.Tensor, steps: int = 120, **head_kwargs):
+    """A few seconds of EAGLE-3-style training (3 unrolled steps, self-distillation) on the base's own samples.
+
+    Random heads almost never agree with a random base; these do often enough that multi-token commits happen.
+    """
+    from specheads.heads import EagleHead
+    from specheads.training.losses import draft_cross_entropy, eagle_targets
+
+    torch.manual_seed(0)
+    head = EagleHead.from_base(base, **head_kwargs)
+    draft_ids = head.draft_token_ids() if head.config.reduced_vocab else None
+    with torch.no_grad():  # the base is frozen: one forward gives every feature and target
+        out = base(sequences, output_hidden_states=True)
+    features = [out.hidden_states[index] for index in head.hidden_state_layers]
+    loss_mask = torch.ones_like(sequences)
+    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    for _ in range(steps):
+        _, logits = head(sequences, features, None, steps=3)
+        loss = sum(
+            0.8**step
+            * draft_cross_entropy(step_logits, *eagle_targets(out.logits, sequences, loss_mask, step, draft_ids))
+            for step, step_logits in enumerate(logits)
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return head.eval()
+
+
+def train_medusa_heads(base: PreTrainedModel, sequences: torch.Tensor, steps: int = 80, **head_kwargs):
+    """Medusa heads fitted for a few seconds to the base's own greedy continuation (head k: token t + 2 + k)."""
+    from specheads.heads import MedusaHeads
+
+    torch.manual_seed(0)
+    heads = MedusaHeads.from_base(base, **head_kwargs)
+    with torch.no_grad():
+        out = base(sequences, output_hidden_states=True)
+    hidden, labels = out.hidden_states[-1], sequences
+    optimizer = torch.optim.Adam(heads.parameters(), lr=3e-3)
+    for _ in range(steps):
+        logits = heads(hidden)  # [K, B, T, V]
+        loss = sum(
+            torch.nn.functional.cross_entropy(logits[k, :, : -(k + 2)].flatten(0, 1), labels[:, k + 2 :].flatten())
+            for k in range(logits.shape[0])
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return heads.eval()

@@ -115,7 +115,10 @@ def read_checkpoint(directory: str | Path) -> tuple[dict[str, Any], dict[str, to
     except (OSError, json.JSONDecodeError) as error:
         raise HeadCheckpointError(f"{config_path} is not valid JSON: {error}") from error
     if not isinstance(config, dict) or "head_type" not in config:
-        raise HeadCheckpointError(f"{config_path} is not a specheads head config (no 'head_type')")
+        raise HeadCheckpointError(
+            f"{config_path} is neither a specheads head config (no 'head_type') nor an engine layout specheads "
+            "imports (eagle3, speculators, eagle, medusa)"
+        )
     try:
         tensors = load_file(str(weights_path))
     except Exception as error:  # safetensors raises its own error types for truncated or corrupt files

@@ -16,7 +16,11 @@ ADAPTER_DIR = "adapter"
 
 
 def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None) -> torch.nn.Module:
-    """Load a native head checkpoint; the head class comes from ``config.json``'s ``head_type``.
+    """Load heads: a native checkpoint (the class from ``config.json``'s ``head_type``) or an engine layout.
+
+    Engine layouts (``eagle3`` SpecForge/SGLang, ``speculators``, ``eagle`` EAGLE-1, ``medusa`` FasterDecoding/TGI;
+    see :mod:`specheads.export`) are recognised from their config files and converted; they carry no fingerprint of
+    their base, so they need ``base_model`` and every shape is checked against it.
 
     Args:
         directory: the checkpoint directory.
@@ -25,11 +29,17 @@ def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None)
     Raises:
         HeadCheckpointError: missing, corrupt or pickled files; unknown head type; heads made for another base.
     """
-    config, tensors = read_checkpoint(directory)
-    head_type = config.get("head_type")
-    if head_type not in HEAD_TYPES:
-        raise HeadCheckpointError(f"{directory}: unknown head_type {head_type!r}; known: {sorted(HEAD_TYPES)}")
-    heads = HEAD_TYPES[head_type].module_class().from_checkpoint(config, tensors, str(directory))
+    from specheads.export.formats import foreign_format, import_heads
+
+    layout = foreign_format(directory) if Path(directory).is_dir() else None
+    if layout not in (None, "native"):
+        heads = import_heads(directory, base_model, layout)
+    else:
+        config, tensors = read_checkpoint(directory)
+        head_type = config.get("head_type")
+        if head_type not in HEAD_TYPES:
+            raise HeadCheckpointError(f"{directory}: unknown head_type {head_type!r}; known: {sorted(HEAD_TYPES)}")
+        heads = HEAD_TYPES[head_type].module_class().from_checkpoint(config, tensors, str(directory))
     calibrated = Path(directory) / CALIBRATED_TREE
     if calibrated.is_file():  # written by `specheads calibrate`: the best tree for these heads on that machine
         record = json.loads(calibrated.read_text())

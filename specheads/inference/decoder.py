@@ -442,13 +442,18 @@ def _heads_path(heads: str | Path | torch.nn.Module) -> str | Path | torch.nn.Mo
 
 
 def _heads_method(heads: str | Path | torch.nn.Module) -> str:
-    """The head type of a heads module or checkpoint directory (its ``head_type``)."""
+    """The head type of a heads module or checkpoint directory (its ``head_type``, or its engine layout's)."""
     if isinstance(heads, torch.nn.Module):
         return head_type_of(heads).name
     import json
 
-    config = Path(_heads_path(heads)) / "config.json"
+    from specheads.export.formats import foreign_format
+
+    directory = Path(_heads_path(heads))
+    layout = foreign_format(directory) if directory.is_dir() else None
+    if layout in ("eagle3", "speculators", "eagle", "medusa"):
+        return "medusa" if layout == "medusa" else "eagle"
     try:
-        return str(json.loads(config.read_text()).get("head_type", "medusa"))
+        return str(json.loads((directory / "config.json").read_text()).get("head_type", "medusa"))
     except (OSError, ValueError):
         return "medusa"  # the loader names what is wrong with the directory

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import ARCHITECTURES, greedy_reference, tiny_model
+from helpers import ARCHITECTURES, base_samples, greedy_reference, tiny_model, train_eagle_head
 from safetensors.torch import load_file, save_file
 
 from specheads import HeadCheckpointError, SpecDecoder, TreeError, load_heads
@@ -24,7 +24,6 @@ from specheads.inference.eagle import EagleDrafter, _Root
 from specheads.inference.sampling import SamplingParams
 from specheads.inference.state import DecodeState, DraftRequest
 from specheads.inference.trees import DynamicTree, resolve_tree
-from specheads.training.losses import draft_cross_entropy, eagle_targets
 
 VOCAB = 96
 STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
@@ -53,29 +52,6 @@ def _prompt(length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(2, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
 
 
-def _train(base, sequences: torch.Tensor, steps: int = 120, **head_kwargs) -> EagleHead:
-    """A few seconds of EAGLE-3-style training (3 unrolled steps, self-distillation) on the base's own samples."""
-    torch.manual_seed(0)
-    head = EagleHead.from_base(base, **head_kwargs)
-    draft_ids = head.draft_token_ids() if head.config.reduced_vocab else None
-    with torch.no_grad():  # the base is frozen: one forward gives every feature and target
-        out = base(sequences, output_hidden_states=True)
-    features = [out.hidden_states[index] for index in head.hidden_state_layers]
-    loss_mask = torch.ones_like(sequences)
-    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
-    for _ in range(steps):
-        _, logits = head(sequences, features, None, steps=3)
-        loss = sum(
-            0.8**step
-            * draft_cross_entropy(step_logits, *eagle_targets(out.logits, sequences, loss_mask, step, draft_ids))
-            for step, step_logits in enumerate(logits)
-        )
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return head.eval()
-
-
 @pytest.fixture(scope="module")
 def base():
     return tiny_model("llama", seed=1, vocab_size=VOCAB, layers=4, logit_scale=4.0)
@@ -84,16 +60,11 @@ def base():
 @pytest.fixture(scope="module")
 def trained(base) -> dict[str, EagleHead]:
     """EAGLE-1 and EAGLE-3 (reduced draft vocabulary) heads trained on the base's own sampled text."""
-    prompts = torch.randint(2, VOCAB, (16, 4), generator=torch.Generator().manual_seed(0))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        sequences = base.generate(
-            prompts, do_sample=True, max_new_tokens=60, pad_token_id=0, attention_mask=torch.ones_like(prompts)
-        )
+    sequences = base_samples(base)
     counts = torch.bincount(sequences.flatten(), minlength=VOCAB)
     return {
-        "eagle1": _train(base, sequences, version=1),
-        "eagle3-reduced": _train(base, sequences, version=3, draft_vocab_size=64, token_counts=counts),
+        "eagle1": train_eagle_head(base, sequences, version=1),
+        "eagle3-reduced": train_eagle_head(base, sequences, version=3, draft_vocab_size=64, token_counts=counts),
     }
 
 

@@ -1,0 +1,90 @@
+"""A real consumer: vLLM's ``speculators`` library loads our speculators-format export with its own
+``from_pretrained`` and computes the same draft logits as specheads from the same base hidden states.
+
+speculators 0.9.0 pins older transformers/datasets than this project, so it is installed with ``--no-deps`` (see the
+README's test command and ``.ci/run``). Without it the test is skipped, naming why, except where
+``SPECHEADS_REQUIRE_SPECULATORS=1`` (CI), where a missing package is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from helpers import tiny_model
+
+from specheads import EagleHead
+from specheads.export import export_heads
+
+INSTALL = "pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 && pip install -e '.[speculators]'"
+
+
+def _speculators():
+    try:
+        import speculators
+    except ImportError as error:
+        if os.environ.get("SPECHEADS_REQUIRE_SPECULATORS") == "1":
+            pytest.fail(
+                f"speculators is required here (SPECHEADS_REQUIRE_SPECULATORS=1) but cannot be imported: {error}"
+            )
+        pytest.skip(f"speculators is not installed ({error}); install it with: {INSTALL}")
+    return speculators
+
+
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_speculators_loads_the_export_and_drafts_the_same_logits(tmp_path, norm_before_residual: bool) -> None:
+    speculators = _speculators()
+    base = tiny_model("llama", seed=3, vocab_size=96, layers=4)
+    base.save_pretrained(tmp_path / "base")  # speculators reads the verifier's config, embedding, norm and lm_head
+    torch.manual_seed(0)
+    head = EagleHead.from_base(
+        base,
+        version=3,
+        layer_ids=[3, 1, 2],  # unsorted on purpose: engines concatenate in layer order, the export permutes fc
+        draft_vocab_size=48,
+        token_counts=torch.rand(96),
+        norm_before_residual=norm_before_residual,
+    )
+    with torch.no_grad():  # norms start at one: make every tensor matter
+        for parameter in head.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    out = tmp_path / "speculators"
+    export_heads(head, out, "speculators", base_model=base, base_name=str(tmp_path / "base"))
+
+    config = speculators.SpeculatorModelConfig.from_pretrained(str(out))
+    config.transformer_layer_config._attn_implementation = "eager"  # the saved default (flex attention) is slow on CPU
+    model = speculators.SpeculatorModel.from_pretrained(str(out), config=config).eval()
+    assert type(model).__name__ == "Eagle3DraftModel"
+    assert model.config.eagle_aux_hidden_state_layer_ids == [1, 2, 3]
+    assert bool(model.config.norm_before_residual) is norm_before_residual
+    # speculators' loading is lenient (a missing tensor is re-initialised): every tensor must be the exported one.
+    from safetensors.torch import load_file
+
+    written = load_file(str(out / "model.safetensors"))
+    state = model.state_dict()
+    assert set(written) <= set(state)
+    assert set(state) - set(written) == {"verifier_lm_head.weight", "verifier_norm.weight"}
+    for name, tensor in written.items():
+        assert torch.equal(state[name], tensor), name
+
+    ids = torch.randint(2, 96, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden_states = base(ids, output_hidden_states=True).hidden_states
+        ours = head(ids, [hidden_states[i] for i in head.hidden_state_layers], steps=1)[1][0]  # [1, 11, 48]
+        # speculators pairs the feature of position t with token t + 1 (its collator shifts; forward does not).
+        features = torch.cat([hidden_states[i] for i in (1, 2, 3)], dim=-1)[:, :-1]
+        captured = {}
+        hook = model.lm_head.register_forward_hook(lambda module, args, output: captured.setdefault("logits", output))
+        try:
+            tokens = model(
+                hidden_states=features,
+                input_ids=ids[:, 1:],
+                document_ids=torch.zeros_like(ids[:, 1:]),
+                position_ids=torch.arange(11)[None],
+                ttt_steps=1,
+            )
+        finally:
+            hook.remove()
+    torch.testing.assert_close(captured["logits"], ours, atol=1e-5, rtol=0)
+    assert torch.equal(head.to_target(tokens[0].flatten()), head.to_target(ours.argmax(-1).flatten()))
