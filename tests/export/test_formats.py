@@ -287,3 +287,24 @@ def test_cli_export_and_check(base, trained, tmp_path, capsys) -> None:
     assert main(again) == 2 and "refusing to overwrite" in capsys.readouterr().err
     assert main(["export", "--heads", heads_dir, "--format", "eagle3", "--out", str(tmp_path / "x")]) == 2
     assert "eagle3 format holds EAGLE-3 heads" in capsys.readouterr().err
+
+
+def test_the_shipped_default_heads_export_for_every_eagle3_engine(tmp_path, capsys) -> None:
+    for format in ("eagle3", "speculators"):
+        argv = [
+            "export",
+            "--heads",
+            "default",
+            "--base",
+            "default",
+            "--format",
+            format,
+            "--out",
+            str(tmp_path / format),
+        ]
+        assert main(argv) == 0
+        assert main(["export", "--check", str(tmp_path / format)]) == 0
+    printed = capsys.readouterr().out
+    assert "sglang: python -m sglang.launch_server" in printed and "--speculative-algorithm EAGLE3" in printed
+    assert main(["export", "--heads", "default", "--base", "default", "--format", "eagle", "--out", "x"]) == 2
+    assert "eagle format holds EAGLE-1 heads; these are EAGLE-3" in capsys.readouterr().err

@@ -88,3 +88,67 @@ def test_speculators_loads_the_export_and_drafts_the_same_logits(tmp_path, norm_
             hook.remove()
     torch.testing.assert_close(captured["logits"], ours, atol=1e-5, rtol=0)
     assert torch.equal(head.to_target(tokens[0].flatten()), head.to_target(ours.argmax(-1).flatten()))
+
+
+def test_a_checkpoint_speculators_writes_imports_into_specheads(tmp_path) -> None:
+    speculators = _speculators()
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    from specheads import load_heads
+
+    base = tiny_model("llama", seed=4, vocab_size=96, layers=4)
+    base.save_pretrained(tmp_path / "base")
+    layer = LlamaConfig(
+        vocab_size=96, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, intermediate_size=64, max_position_embeddings=256, tie_word_embeddings=False,
+    )  # fmt: skip
+    config = speculators.Eagle3SpeculatorConfig(
+        transformer_layer_config=layer,
+        draft_vocab_size=40,
+        norm_before_residual=False,
+        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+        speculators_config=speculators.SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            default_proposal_method="greedy",
+            verifier=speculators.VerifierConfig(
+                name_or_path=str(tmp_path / "base"), architectures=["LlamaForCausalLM"]
+            ),
+        ),
+    )
+    draft = speculators.Eagle3DraftModel(config)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in draft.named_parameters():
+            parameter.copy_((1.0 if "norm" in name else 0.0) + 0.2 * torch.randn(parameter.shape, generator=generator))
+        draft.embed_tokens.weight.copy_(base.get_input_embeddings().weight)  # what load_verifier_weights does
+        keep = torch.randperm(96, generator=generator)[:40].sort().values
+        draft.t2d.zero_()
+        draft.t2d[keep] = True
+        draft.d2t.copy_(keep - torch.arange(40))
+    draft.save_pretrained(str(tmp_path / "draft"))
+
+    with pytest.warns(UserWarning, match="without a fingerprint"):
+        head = load_heads(tmp_path / "draft", base)
+    assert head.config.layer_ids == [1, 2, 3] and head.config.draft_vocab_size == 40
+    assert torch.equal(head.draft_token_ids(), keep)
+    draft.config.transformer_layer_config._attn_implementation = "eager"
+    draft = speculators.Eagle3DraftModel.from_pretrained(str(tmp_path / "draft"), config=draft.config).eval()
+    ids = torch.randint(2, 96, (1, 10), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        states = base(ids, output_hidden_states=True).hidden_states
+        ours = head(ids, [states[i] for i in (1, 2, 3)], steps=1)[1][0]
+        captured = {}
+        hook = draft.lm_head.register_forward_hook(lambda module, args, output: captured.setdefault("logits", output))
+        try:
+            draft(
+                hidden_states=torch.cat([states[i] for i in (1, 2, 3)], dim=-1)[:, :-1],
+                input_ids=ids[:, 1:],
+                document_ids=torch.zeros_like(ids[:, 1:]),
+                position_ids=torch.arange(9)[None],
+                ttt_steps=1,
+            )
+        finally:
+            hook.remove()
+    torch.testing.assert_close(captured["logits"], ours, atol=1e-5, rtol=0)

@@ -1,0 +1,77 @@
+"""Export the shipped EAGLE-3 heads of the default model in the speculators format, load them with vLLM's
+speculators library, and compare its one-step draft logits and tokens with specheads' on the held-out bench prompts.
+
+    python scripts/check_speculators_export.py [--prompts 20]
+
+Needs speculators installed (README test command). Prints one summary line per measure; BENCHMARKS.md quotes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+
+from specheads import assets, load_heads
+from specheads.export import export_heads
+from specheads.loading import load_causal_lm, load_tokenizer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=20, help="held-out bench prompts to compare on")
+    args = parser.parse_args()
+    import speculators
+
+    base_dir = str(Path(assets.resolve("default")).resolve())
+    base = load_causal_lm("default")
+    tokenizer = load_tokenizer("default")
+    head = load_heads(Path(assets.__file__).parent / "default" / "eagle3", base)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "speculators"
+        result = export_heads(head, out, "speculators", base_model=base, base_name=base_dir)
+        print(f"export: {result.report.engines} load it; {sum(1 for _ in out.iterdir())} files")
+        start = time.perf_counter()
+        config = speculators.SpeculatorModelConfig.from_pretrained(str(out))
+        config.transformer_layer_config._attn_implementation = "eager"
+        model = speculators.SpeculatorModel.from_pretrained(str(out), config=config).eval()
+        print(
+            f"speculators {version('speculators')}: loaded {type(model).__name__} "
+            f"in {time.perf_counter() - start:.2f} s"
+        )
+        records = [json.loads(line) for line in assets.prompts_path().read_text().splitlines()][: args.prompts]
+        max_diff, agree, total = 0.0, 0, 0
+        captured = {}
+        hook = model.lm_head.register_forward_hook(lambda m, a, o: captured.update(logits=o))
+        for record in records:
+            ids = tokenizer(record["prompt"], return_tensors="pt").input_ids[:, :256]
+            if ids.shape[1] < 2:
+                continue
+            with torch.no_grad():
+                states = base(ids, output_hidden_states=True).hidden_states
+                ours = head(ids, [states[i] for i in head.hidden_state_layers], steps=1)[1][0]
+                model(
+                    hidden_states=torch.cat([states[i] for i in config.eagle_aux_hidden_state_layer_ids], -1)[:, :-1],
+                    input_ids=ids[:, 1:],
+                    document_ids=torch.zeros_like(ids[:, 1:]),
+                    position_ids=torch.arange(ids.shape[1] - 1)[None],
+                    ttt_steps=1,
+                )
+            theirs = captured["logits"]
+            max_diff = max(max_diff, float((theirs - ours).abs().max()))
+            agree += int((theirs.argmax(-1) == ours.argmax(-1)).sum())
+            total += ours.shape[1]
+        hook.remove()
+        print(
+            f"{len(records)} prompts, {total} positions: max |logit diff| {max_diff:.2e}, "
+            f"same draft token {agree}/{total}"
+        )
+
+
+if __name__ == "__main__":
+    main()
