@@ -56,6 +56,15 @@ class GenerationOutput:
     stats: SpecStats
 
 
+class BatchOutput(list):
+    """What :meth:`SpecDecoder.generate` returns for a list of prompts: one :class:`GenerationOutput` per prompt, in
+    order, and ``stats``, the batch's totals (tokens and steps summed over rows; times of the whole run)."""
+
+    def __init__(self, outputs: list[GenerationOutput], stats: SpecStats) -> None:
+        super().__init__(outputs)
+        self.stats = stats
+
+
 @dataclass(frozen=True)
 class _Settings:
     """Validated arguments of one generate call."""
@@ -66,6 +75,7 @@ class _Settings:
     options: AcceptanceOptions
     eos_token_ids: frozenset[int]
     request: DraftRequest
+    seed: int | list[int] | None = None
 
 
 class SpecDecoder:
@@ -142,33 +152,77 @@ class SpecDecoder:
 
     # ------------------------------------------------------------------ public API
     def generate(
-        self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, **kwargs: Any
-    ) -> GenerationOutput:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt``.
+        self,
+        prompt: str | Sequence[int] | torch.Tensor | Sequence[str | Sequence[int] | torch.Tensor],
+        max_new_tokens: int = 128,
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> GenerationOutput | BatchOutput:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt``, or after each prompt of a list.
+
+        A list of prompts (strings, token-id lists or tensors; or a ``[B, T]`` tensor) is decoded in batches of
+        ``batch_size`` rows (None: all at once): every row drafts its own tree, accepts its own tokens and finishes on
+        its own, and with ``seed`` (one int for every row, or a list: one per prompt) every row draws exactly what it
+        would draw alone with that seed. It returns a
+        :class:`BatchOutput`: one :class:`GenerationOutput` per prompt, in order, plus the batch's totals.
 
         Keyword arguments: ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``acceptance`` ("auto", "greedy",
         "rejection", "typical", "threshold", "alpha"), ``tree``, ``num_speculative_tokens``, ``eos_token_id``,
         ``seed``, and the rule parameters ``posterior_threshold``, ``posterior_alpha``, ``acceptance_threshold``,
         ``alpha``.
         """
-        state = None
-        for step_state, _ in self._run(prompt, max_new_tokens, **kwargs):
-            state = step_state
-        assert state is not None
-        new_tokens = state.new_tokens(0)
-        text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer is not None else None
-        return GenerationOutput(state.sequence(0)[None].clone(), new_tokens, text, state.stats)
+        prompts, batched = self._encode_all(prompt)
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if not batched and batch_size is not None:
+            raise ValueError("batch_size applies to a list of prompts")
+        size = batch_size or len(prompts)
+        outputs: list[GenerationOutput] = []
+        start = time.perf_counter()
+        totals = SpecStats()
+        seeds = kwargs.pop("seed", None)
+        if isinstance(seeds, (list, tuple)) and (not batched or len(seeds) != len(prompts)):
+            raise ValueError(f"seed as a list needs one seed per prompt ({len(prompts)}), got {len(seeds)}")
+        for first in range(0, len(prompts), size):
+            state = None
+            chunk_seed = list(seeds[first : first + size]) if isinstance(seeds, (list, tuple)) else seeds
+            for step_state, _ in self._run(prompts[first : first + size], max_new_tokens, seed=chunk_seed, **kwargs):
+                state = step_state
+            assert state is not None
+            for row in range(len(state.lengths)):
+                new_tokens = state.new_tokens(row)
+                text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer else None
+                outputs.append(GenerationOutput(state.sequence(row)[None].clone(), new_tokens, text, state.stats[row]))
+            totals.draft_time_s += state.batch_draft_time_s
+            totals.verify_time_s += state.batch_verify_time_s
+        if not batched:
+            return outputs[0]
+        for output in outputs:
+            merged = totals.merge(
+                dataclasses.replace(output.stats, draft_time_s=0.0, verify_time_s=0.0, wall_time_s=0.0)
+            )
+            totals = merged
+        totals.wall_time_s = time.perf_counter() - start
+        return BatchOutput(outputs, totals)
 
     def stream(
         self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, **kwargs: Any
     ) -> Iterator[str]:
-        """Yield decoded text pieces as tokens are accepted (same arguments as :meth:`generate`)."""
+        """Yield decoded text pieces as tokens are accepted (same arguments as :meth:`generate`, one prompt)."""
         if self.tokenizer is None:
             raise ValueError("stream() needs a tokenizer to decode text; pass tokenizer= or use generate()")
+        prompts, batched = self._encode_all(prompt)
+        if batched:
+            raise ValueError("stream() takes one prompt; decode a list of prompts with generate()")
+        return self._stream(prompts, max_new_tokens, kwargs)
+
+    def _stream(self, prompts: list[torch.Tensor], max_new_tokens: int, kwargs: dict[str, Any]) -> Iterator[str]:
         emitted_text = ""
         tokens: list[int] = []
-        for _, new in self._run(prompt, max_new_tokens, **kwargs):
-            tokens.extend(new)
+        for _, new in self._run(prompts, max_new_tokens, **kwargs):
+            tokens.extend(new.get(0, []))
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its remaining bytes
                 continue
@@ -182,83 +236,154 @@ class SpecDecoder:
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
     def _run(
-        self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int, **kwargs: Any
-    ) -> Iterator[tuple[DecodeState, list[int]]]:
+        self, prompts: list[torch.Tensor], max_new_tokens: int, **kwargs: Any
+    ) -> Iterator[tuple[DecodeState, dict[int, list[int]]]]:
         start = time.perf_counter()
-        input_ids = self._encode(prompt)
         settings = self._settings(max_new_tokens, kwargs)
         max_length = self._max_length()
-        if max_length is not None and input_ids.shape[1] >= max_length:
-            raise ValueError(
-                f"the prompt has {input_ids.shape[1]} tokens; the model allows at most {max_length} positions, "
-                "so nothing can be generated"
-            )
-        generator = settings.request.generator
-        state = self._prefill(input_ids, settings.max_new_tokens)
+        for index, ids in enumerate(prompts):
+            if max_length is not None and ids.shape[1] >= max_length:
+                where = f"prompt {index} has" if len(prompts) > 1 else "the prompt has"
+                raise ValueError(
+                    f"{where} {ids.shape[1]} tokens; the model allows at most {max_length} positions, so nothing can "
+                    "be generated"
+                )
+        state = self._prefill(prompts, settings)
         self.drafter.reset(state)
-        while not state.finished[0]:
-            max_depth = self._max_depth(state, settings.max_new_tokens, max_length)
-            request = dataclasses.replace(settings.request, max_depth=max_depth)
+        while state.rows:
+            limits = [self._max_depth(state, row, settings.max_new_tokens, max_length) for row in state.rows]
+            request = dataclasses.replace(
+                settings.request,
+                max_depth=max(limits),
+                max_depths=tuple(limits),
+                generator=state.generators[state.rows[0]],
+            )
             tick = time.perf_counter()
-            proposal = self.drafter.propose(state, request)
+            proposals = _per_row(self.drafter.propose(state, request), state.batch_size)
+            proposals = [_truncated(p, limit) for p, limit in zip(proposals, limits, strict=True)]
             tock = time.perf_counter()
-            emitted = self._verify_accept_commit(state, proposal, settings, generator, max_length)
-            state.stats.draft_time_s += tock - tick
-            state.stats.verify_time_s += time.perf_counter() - tock
-            state.stats.wall_time_s = time.perf_counter() - start
+            active = list(state.rows)
+            emitted = self._verify_accept_commit(state, proposals, settings, max_length)
+            tack = time.perf_counter()
+            state.batch_draft_time_s += tock - tick
+            state.batch_verify_time_s += tack - tock
+            for row in active:
+                stats = state.stats[row]
+                stats.draft_time_s += tock - tick
+                stats.verify_time_s += tack - tock
+                stats.wall_time_s = tack - start
+            done = [i for i, row in enumerate(state.rows) if state.finished[row]]
             yield state, emitted
-        state.stats.wall_time_s = time.perf_counter() - start
+            if done:
+                self._drop_rows(state, [i for i in range(len(state.rows)) if i not in done])
 
-    def _prefill(self, input_ids: torch.Tensor, max_new_tokens: int) -> DecodeState:
-        """Run the prompt except its last token (the first root) through the base."""
-        batch, length = input_ids.shape
-        tokens = torch.zeros(batch, length + max_new_tokens, dtype=torch.long, device=input_ids.device)
-        tokens[:, :length] = input_ids
-        state = DecodeState(tokens, [length] * batch, [length] * batch, kv_cache.new_cache(), finished=[False] * batch)
-        if length > 1:
-            out = self._forward(input_ids[:, :-1], state.cache, None, None, logits_to_keep=1)
+    def _drop_rows(self, state: DecodeState, keep: list[int]) -> None:
+        """Finished rows leave the batch: the cache, hidden states and drafter state keep only ``keep``."""
+        if not keep:
+            state.rows = []
+            return
+        kv_cache.keep_rows(state.cache, keep)
+        if state.hidden_states:
+            index = torch.tensor(keep, device=state.hidden_states[0].device)
+            state.hidden_states = tuple(h[index] for h in state.hidden_states)
+        state.hidden_counts = [state.hidden_counts[i] for i in keep] if state.hidden_counts else []
+        state.rows = [state.rows[i] for i in keep]
+        keep_rows = getattr(self.drafter, "keep_rows", None)
+        if keep_rows is not None and state.rows:
+            keep_rows(state, keep)
+
+    def _prefill(self, prompts: list[torch.Tensor], settings: _Settings) -> DecodeState:
+        """Run every prompt except its last token (each row's first root) through the base, in one forward."""
+        lengths = [int(ids.shape[1]) for ids in prompts]
+        batch, longest = len(prompts), max(lengths)
+        device = prompts[0].device
+        capacity = longest + settings.max_new_tokens + self._largest_step(settings) + 2
+        tokens = torch.zeros(batch, longest + settings.max_new_tokens, dtype=torch.long, device=device)
+        for row, ids in enumerate(prompts):
+            tokens[row, : lengths[row]] = ids[0]
+        cache = kv_cache.new_cache(batch, capacity, device)
+        state = DecodeState(tokens, list(lengths), list(lengths), cache)
+        seeds = settings.seed if isinstance(settings.seed, list) else [settings.seed] * batch
+        state.generators = [self._generator(settings, seed) for seed in seeds]
+        counts = [length - 1 for length in lengths]
+        if max(counts) > 0:
+            width = max(counts)
+            if batch == 1:
+                mask = None
+            else:
+                mask = kv_cache.step_mask([0] * batch, [_causal(n, device) for n in counts], width, device)
+            out = self._forward(
+                tokens[:, :width], cache, mask, torch.arange(width, device=device)[None].expand(batch, -1)
+            )
+            kv_cache.advance(cache, counts)
             state.hidden_states = self._kept_hidden(out, None)
+        state.hidden_counts = counts if state.hidden_states else []
         return state
+
+    def _largest_step(self, settings: _Settings) -> int:
+        """Tree nodes of the largest verify step (what the cache reserves beyond the generated tokens)."""
+        tree = settings.request.tree
+        if tree is None:
+            return int(getattr(self.drafter, "max_nodes", lambda request: 64)(settings.request))
+        return tree.total_tokens if isinstance(tree, DynamicTree) else tree.num_nodes
 
     def _verify_accept_commit(
         self,
         state: DecodeState,
-        proposal: Proposal | None,
+        proposals: list[Proposal | None],
         settings: _Settings,
-        generator: torch.Generator | None,
         max_length: int | None,
-    ) -> list[int]:
-        """One step: verify the proposal with one base forward, accept a path, commit it. Returns emitted tokens."""
-        prefix_len = state.lengths[0] - 1  # positions in the base cache; the root is fed now
-        root = state.tokens[:, prefix_len : prefix_len + 1]  # [1, 1]
-        if proposal is None or proposal.tokens.shape[1] == 0:
-            node_tokens, tree, mask, q = root, None, None, None
-            position_ids = torch.full_like(root, prefix_len)
-        else:
-            tree = proposal.tree
-            node_tokens = torch.cat([root, proposal.tokens], dim=1)  # [1, N + 1]
-            position_ids = (prefix_len + tree.depths)[None].to(root.device)  # [1, N + 1]
-            mask = None if tree.is_chain else _tree_mask(tree.attention_mask, prefix_len, root.device)
-            q = None if proposal.draft_probs is None else proposal.draft_probs[0]
-        out = self._forward(node_tokens, state.cache, mask, position_ids)
-        logits = out.logits[0]  # [N + 1, V]
-        if tree is None:
-            result_path, next_token = [], self._first_token(logits[0], settings, generator)
-        else:
-            result = ACCEPTANCE_RULES[settings.rule](
-                logits, node_tokens[0], tree, q, settings.sampling, generator, settings.options
+    ) -> dict[int, list[int]]:
+        """One step for every active row: verify all proposals with one base forward, accept, commit.
+
+        Returns the tokens each row emitted (by row).
+        """
+        rows, device = state.rows, state.tokens.device
+        cached = [state.lengths[row] - 1 for row in rows]  # slots in the base cache; the root is fed now
+        trees = [None if p is None or p.tokens.shape[1] == 0 else p.tree for p in proposals]
+        sizes = [1 if tree is None else tree.num_nodes + 1 for tree in trees]
+        width = max(sizes)
+        node_tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+        position_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+        for i, (row, tree, proposal) in enumerate(zip(rows, trees, proposals, strict=True)):
+            node_tokens[i, 0] = state.tokens[row, cached[i]]
+            position_ids[i] = cached[i] + torch.arange(width, device=device)  # padding: harmless, never read
+            if tree is not None:
+                node_tokens[i, 1 : sizes[i]] = proposal.tokens[0].to(device)
+                position_ids[i, : sizes[i]] = cached[i] + tree.depths.to(device)
+        if len(rows) == 1:  # one row: a chain needs no mask, the model's causal one is the same
+            mask = (
+                None
+                if trees[0] is None or trees[0].is_chain
+                else _tree_mask(trees[0].attention_mask, cached[0], device)
             )
-            result_path, next_token = result.path, result.next_token
-        keep = [0, *result_path]
-        kv_cache.commit(state.cache, keep, prefix_len)
-        state.hidden_states = self._kept_hidden(out, keep)
-        accepted_tokens = node_tokens[0, result_path].tolist() if result_path else []
-        emitted = self._cut(state, [*accepted_tokens, next_token], settings, max_length)
-        state.append(0, emitted)
-        depth = 0 if tree is None else tree.max_depth
-        state.stats.record_step(len(emitted), len(result_path), depth)
-        self.drafter.accepted(state, [len(result_path)])
-        return emitted
+        else:
+            inner = [torch.ones(1, 1, dtype=torch.bool) if t is None else t.attention_mask for t in trees]
+            mask = kv_cache.step_mask(cached, inner, width, device)
+        out = self._forward(node_tokens, state.cache, mask, position_ids)
+        keeps, emitted_by_row = [], {}
+        for i, (row, tree, proposal) in enumerate(zip(rows, trees, proposals, strict=True)):
+            logits = out.logits[i, : sizes[i]]  # [N + 1, V]
+            generator = state.generators[row]
+            if tree is None:
+                path, next_token = [], self._first_token(logits[0], settings, generator)
+            else:
+                q = None if proposal.draft_probs is None else proposal.draft_probs[0]
+                result = ACCEPTANCE_RULES[settings.rule](
+                    logits, node_tokens[i, : sizes[i]], tree, q, settings.sampling, generator, settings.options
+                )
+                path, next_token = result.path, result.next_token
+            keeps.append([0, *path])
+            accepted = node_tokens[i, path].tolist() if path else []
+            emitted = self._cut(state, row, [*accepted, next_token], settings, max_length)
+            state.append(row, emitted)
+            state.stats[row].record_step(len(emitted), len(path), 0 if tree is None else tree.max_depth)
+            emitted_by_row[row] = emitted
+        kv_cache.commit(state.cache, keeps)
+        state.hidden_states = self._kept_hidden(out, keeps)
+        state.hidden_counts = [len(keep) for keep in keeps] if state.hidden_states else []
+        self.drafter.accepted(state, [len(keep) - 1 for keep in keeps])
+        return emitted_by_row
 
     def _first_token(self, logits: torch.Tensor, settings: _Settings, generator: torch.Generator | None) -> int:
         """The base's own next token when nothing was drafted (plain decoding)."""
@@ -266,19 +391,21 @@ class SpecDecoder:
             return int(logits.argmax())
         return int(sample(probabilities(logits, settings.sampling), generator))
 
-    def _cut(self, state: DecodeState, candidates: list[int], settings: _Settings, max_length: int | None) -> list[int]:
+    def _cut(
+        self, state: DecodeState, row: int, candidates: list[int], settings: _Settings, max_length: int | None
+    ) -> list[int]:
         """Stop at EOS (kept), at ``max_new_tokens`` and at the model's length limit."""
-        generated = state.lengths[0] - state.prompt_lengths[0]
+        generated = state.lengths[row] - state.prompt_lengths[row]
         budget = settings.max_new_tokens - generated
         if max_length is not None:
-            budget = min(budget, max_length - state.lengths[0])
+            budget = min(budget, max_length - state.lengths[row])
         emitted = []
         for token in candidates[:budget]:
             emitted.append(token)
             if token in settings.eos_token_ids:
                 break
         if len(emitted) == budget or (emitted and emitted[-1] in settings.eos_token_ids):
-            state.finished[0] = True
+            state.finished[row] = True
         return emitted
 
     def _forward(
@@ -298,13 +425,57 @@ class SpecDecoder:
             **kv_cache.forward_kwargs(self.model, cache),
         )
 
-    def _kept_hidden(self, out: Any, keep: list[int] | None) -> tuple[torch.Tensor, ...]:
+    def _kept_hidden(self, out: Any, keeps: list[list[int]] | None) -> tuple[torch.Tensor, ...]:
+        """The hidden states of the tokens that entered the cache: all fed (prefill) or each row's kept nodes."""
         if not self.drafter.hidden_state_layers:
             return ()
-        index = slice(None) if keep is None else torch.tensor(keep)
-        return tuple(out.hidden_states[layer][:, index] for layer in self.drafter.hidden_state_layers)
+        if keeps is None:
+            return tuple(out.hidden_states[layer] for layer in self.drafter.hidden_state_layers)
+        longest = max(len(keep) for keep in keeps)
+        index = torch.tensor([keep + [keep[-1]] * (longest - len(keep)) for keep in keeps])
+        rows = torch.arange(len(keeps))[:, None]
+        return tuple(
+            out.hidden_states[layer][rows, index.to(out.hidden_states[layer].device)]
+            for layer in self.drafter.hidden_state_layers
+        )
+
+    def _generator(self, settings: _Settings, seed: int | None) -> torch.Generator | None:
+        """A row's random source: seeded with ``seed``, so a row draws the same alone or in any batch."""
+        if settings.request.generator is None:
+            return None
+        generator = torch.Generator(device=self.model.device)
+        if seed is not None:
+            generator.manual_seed(seed)
+        else:
+            generator.seed()
+        return generator
 
     # ------------------------------------------------------------------ argument checking
+    def _encode_all(self, prompt: Any) -> tuple[list[torch.Tensor], bool]:
+        """``([1, T] tensors], batched)``: a list of prompts, a ``[B, T]`` tensor, or one prompt."""
+        if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[0] != 1:
+            if prompt.shape[0] == 0:
+                raise ValueError("the list of prompts is empty")
+            return [self._encode(row) for row in prompt], True
+        if isinstance(prompt, (list, tuple)) and (not prompt or not isinstance(prompt[0], int)):
+            if not prompt:
+                raise ValueError("the list of prompts is empty")
+            kinds = {
+                str if isinstance(p, str) else torch.Tensor if isinstance(p, torch.Tensor) else list for p in prompt
+            }
+            if len(kinds) > 1:
+                raise ValueError("the prompts mix types (strings, token-id lists, tensors); give one kind")
+            encoded = []
+            for index, item in enumerate(prompt):
+                if isinstance(item, (list, tuple)) and not all(isinstance(t, int) for t in item):
+                    raise ValueError(f"prompt {index} is not a list of token ids")
+                try:
+                    encoded.append(self._encode(item))
+                except ValueError as error:
+                    raise ValueError(f"prompt {index}: {error}") from error
+            return encoded, True
+        return [self._encode(prompt)], False
+
     def _encode(self, prompt: str | Sequence[int] | torch.Tensor) -> torch.Tensor:
         device = self.model.device
         if isinstance(prompt, str):
@@ -321,8 +492,6 @@ class SpecDecoder:
                 raise ValueError(f"a tensor prompt must be [T] or [B, T], got shape {tuple(prompt.shape)}")
         else:
             ids = torch.tensor([list(prompt)], dtype=torch.long)
-        if ids.shape[0] != 1:
-            raise ValueError(f"batch size {ids.shape[0]} is not supported yet: generate takes one prompt [1, T]")
         if ids.shape[1] == 0:
             raise ValueError("the prompt is empty")
         vocab = self.model.get_output_embeddings().weight.shape[0]
@@ -358,7 +527,7 @@ class SpecDecoder:
         if not sampling.greedy or rule != "greedy":
             generator = torch.Generator(device=self.model.device)
             seed = kwargs.get("seed")
-            generator.manual_seed(seed) if seed is not None else generator.seed()
+            generator.manual_seed(seed) if isinstance(seed, int) else generator.seed()
         tree = self._dynamic_tree(kwargs)
         request = DraftRequest(
             sampling=sampling,
@@ -368,7 +537,8 @@ class SpecDecoder:
             tree=self._resolve_tree(tree) if tree is not None else None,
         )
         self.drafter.check_request(request)
-        return _Settings(max_new_tokens, sampling, rule, options, self._eos_ids(kwargs.get("eos_token_id")), request)
+        eos = self._eos_ids(kwargs.get("eos_token_id"))
+        return _Settings(max_new_tokens, sampling, rule, options, eos, request, kwargs.get("seed"))
 
     def _dynamic_tree(self, kwargs: dict[str, Any]) -> Any:
         """``tree="dynamic"`` with any of ``tree_top_k`` / ``depth`` / ``total_tokens`` set becomes a DynamicTree."""
@@ -411,12 +581,51 @@ class SpecDecoder:
                 return value
         return None
 
-    def _max_depth(self, state: DecodeState, max_new_tokens: int, max_length: int | None) -> int:
-        """Deepest draft worth verifying: one token of the budget is the base's own."""
-        remaining = max_new_tokens - (state.lengths[0] - state.prompt_lengths[0])
+    def _max_depth(self, state: DecodeState, row: int, max_new_tokens: int, max_length: int | None) -> int:
+        """Deepest draft worth verifying for ``row``: one token of the budget is the base's own."""
+        remaining = max_new_tokens - (state.lengths[row] - state.prompt_lengths[row])
         if max_length is not None:
-            remaining = min(remaining, max_length - state.lengths[0])
+            remaining = min(remaining, max_length - state.lengths[row])
         return max(remaining - 1, 0)
+
+
+def _per_row(proposal: Proposal | list[Proposal | None] | None, batch: int) -> list[Proposal | None]:
+    """A drafter's answer as one proposal (``[1, N]`` tokens) or None per row."""
+    if proposal is None:
+        return [None] * batch
+    if isinstance(proposal, list):
+        if len(proposal) != batch:
+            raise RuntimeError(f"the drafter proposed for {len(proposal)} rows, the batch has {batch}")
+        return proposal
+    if proposal.tokens.shape[0] != batch:
+        raise RuntimeError(f"the drafter proposed {proposal.tokens.shape[0]} rows, the batch has {batch}")
+    return [
+        Proposal(
+            proposal.tokens[i : i + 1],
+            proposal.tree,
+            None if proposal.draft_probs is None else proposal.draft_probs[i : i + 1],
+        )
+        for i in range(batch)
+    ]
+
+
+def _truncated(proposal: Proposal | None, max_depth: int) -> Proposal | None:
+    """A row's proposal cut to its own depth limit (the drafter drafted for the deepest row of the batch).
+
+    Trees list their nodes by depth, so the nodes at depth <= ``max_depth`` are the first ones.
+    """
+    if proposal is None or proposal.tree.max_depth <= max_depth:
+        return proposal
+    tree = proposal.tree.truncated(max_depth)
+    if tree.num_nodes == 0:
+        return None
+    count = tree.num_nodes
+    probs = None if proposal.draft_probs is None else proposal.draft_probs[:, :count]
+    return Proposal(proposal.tokens[:, :count], tree, probs)
+
+
+def _causal(size: int, device: torch.device) -> torch.Tensor | None:
+    return torch.ones(size, size, dtype=torch.bool, device=device).tril() if size else None
 
 
 def _tree_mask(tree_mask: torch.Tensor, prefix_len: int, device: torch.device) -> torch.Tensor:

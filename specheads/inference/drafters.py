@@ -7,6 +7,7 @@ mirrors transformers' ``CandidateGenerator`` (``get_candidates`` / ``update_cand
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -37,11 +38,15 @@ class Drafter(Protocol):
     def reset(self, state: DecodeState) -> None:
         """Start a new generation after the base's prefill."""
 
-    def propose(self, state: DecodeState, request: DraftRequest) -> Proposal | None:
-        """Draft tokens after each row's root; None when there is nothing to propose."""
+    def propose(self, state: DecodeState, request: DraftRequest) -> Proposal | list[Proposal | None] | None:
+        """Draft tokens after the root of every row in ``state.rows``: one Proposal for all rows (same tree), a list
+        with one Proposal or None per row, or None when there is nothing to propose."""
 
     def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:
-        """Learn that the base accepted ``num_accepted[b]`` drafted tokens of row b (state already committed)."""
+        """Learn that the base accepted ``num_accepted[i]`` drafted tokens of row ``state.rows[i]`` (committed)."""
+
+    # Optional: ``keep_rows(state, keep)``: rows left the batch, keep the per-row state of ``keep`` (indices into
+    # the previous ``state.rows``); ``max_nodes(request) -> int``: the largest tree a request can verify.
 
 
 def chain_proposal(drafts: torch.Tensor, draft_probs: torch.Tensor | None = None) -> Proposal:
@@ -106,15 +111,18 @@ class PromptLookupDrafter:
     def reset(self, state: DecodeState) -> None:
         return None
 
-    def propose(self, state: DecodeState, request: DraftRequest) -> Proposal | None:
-        if state.batch_size != 1:
-            raise NotImplementedError("prompt lookup drafts one row at a time")
+    def max_nodes(self, request: DraftRequest) -> int:
+        return _chain_length(request, self.num_speculative_tokens)
+
+    def propose(self, state: DecodeState, request: DraftRequest) -> list[Proposal | None] | None:
         length = min(_chain_length(request, self.num_speculative_tokens), request.max_depth)
         if length < 1:
             return None
-        context = state.sequence(0)  # [L]
-        drafts = self._lookup(context, length)
-        return None if drafts is None else chain_proposal(drafts[None])
+        proposals = []
+        for row in state.rows:
+            drafts = self._lookup(state.sequence(row), length)  # each row looks up its own context
+            proposals.append(None if drafts is None else chain_proposal(drafts[None]))
+        return proposals
 
     def _lookup(self, context: torch.Tensor, length: int) -> torch.Tensor | None:
         total = context.shape[0]
@@ -156,56 +164,116 @@ class DraftModelDrafter:
         self.model = model.eval()
         self.num_speculative_tokens = num_speculative_tokens
         self.confidence_threshold = confidence_threshold
-        self._cache = kv_cache.new_cache()
-        self._cached_tokens = 0  # committed tokens the draft cache holds
-        self._drafted = 0  # drafts of the last proposal (the last one is not in the draft cache)
 
     def check_request(self, request: DraftRequest) -> None:
         _check_chain_request(request, self.num_speculative_tokens)
 
+    def max_nodes(self, request: DraftRequest) -> int:
+        return _chain_length(request, self.num_speculative_tokens)
+
     def reset(self, state: DecodeState) -> None:
-        if state.batch_size != 1:
-            raise NotImplementedError("the draft model drafts one row at a time")
-        self._cache = kv_cache.new_cache()
-        self._cached_tokens = 0
-        self._drafted = 0
+        capacity = state.tokens.shape[1] + 2 * self.num_speculative_tokens + 2
+        state.draft = _DraftState(
+            kv_cache.new_cache(state.batch_size, capacity, state.tokens.device),
+            cached=[0] * state.batch_size,
+            drafted=[0] * state.batch_size,
+        )
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState, request: DraftRequest) -> Proposal | None:
+    def propose(self, state: DecodeState, request: DraftRequest) -> list[Proposal] | None:
         length = min(_chain_length(request, self.num_speculative_tokens), request.max_depth)
         if length < 1:
             return None
-        committed = state.lengths[0]
-        feed = state.tokens[:, self._cached_tokens : committed]  # [1, F]: unseen committed tokens, root included
-        drafts, draft_probs = [], []
-        for _ in range(length):
-            logits = self._forward(feed)  # [1, V]
+        draft: _DraftState = state.draft
+        rows = state.rows
+        # Every row first feeds the committed tokens its draft cache has not seen (at least its root), ragged.
+        feeds = [state.tokens[row, draft.cached[i] : state.lengths[row]] for i, row in enumerate(rows)]
+        counts = [feed.shape[0] for feed in feeds]
+        logits = self._feed(draft.cache, feeds, counts)  # [A, V]: the last fed token of each row
+        drafts: list[list[int]] = [[] for _ in rows]
+        probs: list[list[torch.Tensor]] = [[] for _ in rows]
+        limits = request.max_depths or (request.max_depth,) * len(rows)
+        stopped = [limit < 1 for limit in limits]
+        for step in range(length):
             if request.sampling.greedy:
-                token = logits.argmax(dim=-1)  # [1]
-                confidence = logits.float().softmax(dim=-1)[0, token] if self.confidence_threshold else None
+                tokens = logits.argmax(dim=-1)  # [A]
+                confidence = logits.float().softmax(dim=-1).gather(1, tokens[:, None])[:, 0]
             else:
-                q = probabilities(logits, request.sampling)  # [1, V]
-                token = sample(q, request.generator)
-                draft_probs.append(q)
-                confidence = q[0, token]
-            drafts.append(token)
-            if self.confidence_threshold and float(confidence) < self.confidence_threshold:
+                q = probabilities(logits, request.sampling)  # [A, V]
+                # Rows that stopped draw nothing: a row's random stream is the same alone or in any batch.
+                tokens = torch.cat(
+                    [
+                        q[i : i + 1].argmax(dim=-1) if stopped[i] else sample(q[i : i + 1], state.generators[row])
+                        for i, row in enumerate(rows)
+                    ]
+                )
+                confidence = q.gather(1, tokens[:, None])[:, 0]
+            for i in range(len(rows)):
+                if stopped[i]:
+                    continue
+                drafts[i].append(int(tokens[i]))
+                if not request.sampling.greedy:
+                    probs[i].append(q[i])
+                low = self.confidence_threshold and float(confidence[i]) < self.confidence_threshold
+                stopped[i] = bool(low) or len(drafts[i]) >= min(length, limits[i])
+            if all(stopped) or step == length - 1:
                 break
-            feed = token[:, None]
-        # The last draft was never fed, so the draft cache holds committed + (drafted - 1) drafted tokens.
-        self._cached_tokens = committed
-        self._drafted = len(drafts)
-        probs = torch.stack(draft_probs, dim=1) if draft_probs else None  # [1, K, V]
-        return chain_proposal(torch.stack(drafts, dim=1), probs)
+            logits = self._feed(draft.cache, [t[None] for t in tokens], [1] * len(rows))
+        # The last draft of each row was never fed: the draft cache holds committed + (drafted - 1) of its drafts.
+        draft.cached = [state.lengths[row] for row in rows]
+        draft.drafted = [len(d) for d in drafts]
+        device = state.tokens.device
+        return [
+            chain_proposal(torch.tensor([d], dtype=torch.long, device=device), torch.stack(p)[None] if p else None)
+            for d, p in zip(drafts, probs, strict=True)
+        ]
 
-    def _forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=input_ids, logits_to_keep=1, **kv_cache.forward_kwargs(self.model, self._cache))
-        return out.logits[:, -1, :]
+    def _feed(self, cache: kv_cache.SlotCache, feeds: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
+        """Feed each row its tokens (ragged) through the draft; ``[A, V]`` logits after each row's last token."""
+        width, device = max(counts), feeds[0].device
+        lengths = kv_cache.row_lengths(cache)
+        input_ids = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
+        for i, feed in enumerate(feeds):
+            input_ids[i, : counts[i]] = feed
+        positions = torch.tensor(lengths, device=device)[:, None] + torch.arange(width, device=device)[None]
+        if len(feeds) == 1:
+            mask = None  # one row: the model's own causal mask over the cache is the same
+        else:
+            inner = [torch.ones(c, c, dtype=torch.bool).tril() for c in counts]
+            mask = kv_cache.step_mask(lengths, inner, width, device)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            **kv_cache.forward_kwargs(self.model, cache),
+        )
+        kv_cache.advance(cache, counts)
+        last = torch.tensor(counts, device=device) - 1
+        return out.logits[torch.arange(len(feeds), device=device), last]
 
     def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:
-        valid = self._cached_tokens + min(num_accepted[0], max(self._drafted - 1, 0))
-        kv_cache.crop(self._cache, valid)
-        self._cached_tokens = valid
+        draft: _DraftState = state.draft
+        valid = [
+            cached + min(accepted, max(drafted - 1, 0))
+            for cached, drafted, accepted in zip(draft.cached, draft.drafted, num_accepted, strict=True)
+        ]
+        kv_cache.crop(draft.cache, valid)
+        draft.cached = valid
+
+    def keep_rows(self, state: DecodeState, keep: list[int]) -> None:
+        draft: _DraftState = state.draft
+        kv_cache.keep_rows(draft.cache, keep)
+        draft.cached = [draft.cached[i] for i in keep]
+        draft.drafted = [draft.drafted[i] for i in keep]
+
+
+@dataclass
+class _DraftState:
+    """A draft model's per-generation state: its cache and, per row, what the cache holds."""
+
+    cache: kv_cache.SlotCache
+    cached: list[int]  # committed tokens in the draft cache
+    drafted: list[int]  # drafts of the last proposal (the last one is not in the draft cache)
 
 
 def check_same_vocabulary(base: PreTrainedModel, draft: PreTrainedModel) -> None:
@@ -268,6 +336,9 @@ class MedusaDrafter:
             _check_chain_request(request, self.num_heads)
         self._check_depth(self._tree(request).max_depth)
 
+    def max_nodes(self, request: DraftRequest) -> int:
+        return self._tree(request).num_nodes
+
     def reset(self, state: DecodeState) -> None:
         return None
 
@@ -278,7 +349,7 @@ class MedusaDrafter:
         tree = self._tree(request).truncated(request.max_depth)
         if tree.num_nodes == 0:
             return None
-        hidden = state.hidden_states[0][:, -1]  # [B, H] of the last cached token
+        hidden = state.last_hidden(0)  # [B, H] of each row's last cached token
         logits = self.heads(hidden, num_heads=tree.max_depth)  # [D, B, V]
         depths = tree.depths[1:]  # [N]
         ranks = torch.tensor(tree.ranks[1:], dtype=torch.long)  # [N]

@@ -1,11 +1,18 @@
 """The only module that knows how a transformers cache is laid out.
 
-The base model keeps its own cache object (``DynamicCache``); speculative decoding needs two operations on it that
-transformers does not name:
+Decoding runs on a :class:`SlotCache`: preallocated key/value buffers ``[B, kv_heads, capacity, head_dim]`` per layer
+(the gpt-fast way) with a committed length per row. Rows are independent: a forward writes each row's new slots at
+that row's own offset, and the 4D mask (:func:`step_mask`) says which slots each query sees. The base runs through
+its public forward; the cache is a transformers ``Cache`` subclass, so every attention implementation that calls
+``cache.update`` takes it (transformers' ``StaticCache`` writes every row at one shared position, which ragged
+rows cannot use). Speculative decoding then needs three operations transformers does not name:
 
-* :func:`commit`: after verifying a tree, keep the key/value slots of the accepted nodes, moved right after the
-  prefix, and drop the rest;
-* :func:`crop`: roll the cache back to a given length (rejected chain drafts, a draft model's own cache).
+* :func:`commit`: after verifying a tree, move each row's accepted slots right after its prefix (an in-place gather)
+  and advance its length; nothing else moves;
+* :func:`crop`: roll rows back to given lengths (rejected chain drafts, a draft's own cache): a length update;
+* :func:`keep_rows`: drop finished rows from the batch (once per finished row, not per step).
+
+``DynamicCache`` (concatenation per step) stays for training-time unrolls and the functions' original one-row form.
 
 transformers has moved its cache internals between releases (``past_key_values`` became ``cache`` in 5.x; tensors
 moved from ``key_cache[i]`` lists to ``layers[i].keys``). Keeping that knowledge here keeps the damage in one file.
@@ -19,11 +26,155 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 
-def new_cache() -> DynamicCache:
-    """An empty cache that holds every position (no sliding window eviction)."""
-    return DynamicCache()
+class SlotLayer(CacheLayerMixin):
+    """One layer's preallocated buffers; the write offsets and lengths live in the owning :class:`SlotCache`."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, owner: SlotCache) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads, _, dim = key_states.shape
+        shape = (max(batch, self.owner.batch_capacity), heads, self.owner.capacity, dim)
+        self.keys = key_states.new_zeros(shape)
+        self.values = value_states.new_zeros(shape[:3] + (value_states.shape[-1],))
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        batch, _, count, _ = key_states.shape
+        positions = self.owner.write_positions(count, key_states.device)  # [B, q]
+        if int(positions.max()) >= self.keys.shape[2]:
+            self._grow(int(positions.max()) + 1)
+        rows = torch.arange(batch, device=key_states.device)[:, None]
+        self.keys[rows, :, positions] = key_states.transpose(1, 2)
+        self.values[rows, :, positions] = value_states.transpose(1, 2)
+        width = self.owner.width(count)
+        return self.keys[:batch, :, :width], self.values[:batch, :, :width]
+
+    def _grow(self, needed: int) -> None:
+        """Only when a forward outgrows the capacity sized at prefill (a drafter that did not announce its size)."""
+        size = max(needed, 2 * self.keys.shape[2])
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros(old.shape[:2] + (size,) + old.shape[3:])
+            new[:, :, : old.shape[2]] = old
+            setattr(self, name, new)
+        self.owner.reallocations += 1
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.width(query_length), 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.get_seq_length()
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class SlotCache(Cache):
+    """Preallocated key/value buffers with one committed length per row (see the module docstring).
+
+    Args:
+        batch_size: rows.
+        capacity: slots per row allocated at the first write (prompt + new tokens + the largest step).
+        device: where the lengths live.
+    """
+
+    def __init__(self, batch_size: int, capacity: int, device: torch.device | str | None = None) -> None:
+        super().__init__(layers=[])
+        self.batch_capacity = batch_size
+        self.capacity = capacity
+        self.batch = batch_size  # rows taking part in forwards (a prefix of the buffers' rows)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.reallocations = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        while len(self.layers) <= layer_idx:
+            self.layers.append(SlotLayer(self))
+        return self.layers[layer_idx].update(key_states, value_states)
+
+    def write_positions(self, count: int, device: torch.device) -> torch.Tensor:
+        """``[B, count]`` the slots a forward of ``count`` tokens per row writes: right after each row's length."""
+        lengths = self.lengths[: self.batch].to(device)
+        return lengths[:, None] + torch.arange(count, device=device)[None]
+
+    def width(self, count: int) -> int:
+        """Slots a forward of ``count`` tokens per row attends over: the longest row plus the new tokens."""
+        return int(self.lengths[: self.batch].max()) + count if self.batch else count
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.lengths[: self.batch].max()) if self.batch else 0
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.width(query_length), 0
+
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        """The allocated buffers (for tests: their identity shows that nothing was reallocated)."""
+        return [t for layer in self.layers if layer.is_initialized for t in (layer.keys, layer.values)]
+
+
+def new_cache(batch_size: int | None = None, capacity: int | None = None, device: Any = None) -> Any:
+    """A cache for decoding: a :class:`SlotCache` when ``capacity`` is given, else an empty ``DynamicCache``."""
+    if capacity is None:
+        return DynamicCache()
+    return SlotCache(batch_size or 1, capacity, device)
+
+
+def row_lengths(cache: SlotCache) -> list[int]:
+    """Committed slots of each row taking part in forwards."""
+    return cache.lengths[: cache.batch].tolist()
+
+
+def advance(cache: SlotCache, counts: list[int]) -> None:
+    """Commit the first ``counts[b]`` slots a forward wrote for row b (a ragged feed: padded tokens are dropped)."""
+    cache.lengths[: cache.batch] += torch.tensor(counts, dtype=torch.long, device=cache.lengths.device)
+
+
+def keep_rows(cache: SlotCache, rows: list[int]) -> None:
+    """Keep only ``rows`` (indices among the rows taking part), in that order, as the first rows of the buffers."""
+    if rows == list(range(cache.batch)):
+        return
+    index = torch.tensor(rows, dtype=torch.long)
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.keys[: len(rows)] = layer.keys[index.to(layer.keys.device)]
+            layer.values[: len(rows)] = layer.values[index.to(layer.values.device)]
+    cache.lengths[: len(rows)] = cache.lengths[index.to(cache.lengths.device)].clone()
+    cache.batch = len(rows)
+
+
+def step_mask(
+    lengths: list[int], inner: list[torch.Tensor | None], count: int, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """``[B, 1, count, width]`` bool mask of a forward feeding ``count`` (padded) tokens per row into a SlotCache.
+
+    Row b's queries see its committed slots ``[0, lengths[b])`` and, among its new slots ``lengths[b] + j``, what
+    ``inner[b]`` (``[n_b, n_b]``, ``n_b <= count``; None: nothing new is fed) allows. Padding queries see only their
+    own slot, so no softmax row is empty; their outputs are never read.
+    """
+    width = max(lengths) + count
+    batch = len(lengths)
+    mask = torch.zeros(batch, count, width, dtype=torch.bool, device=device)
+    columns = torch.arange(width, device=device)
+    for row, (length, own) in enumerate(zip(lengths, inner, strict=True)):
+        size = 0 if own is None else own.shape[0]
+        mask[row, :size, :length] = True
+        if size:
+            mask[row, :size, length : length + size] = own.to(device)
+        padding = torch.arange(size, count, device=device)
+        mask[row, padding, length + padding] = True
+    del columns
+    return mask[:, None]
 
 
 @lru_cache(maxsize=32)
@@ -32,13 +183,13 @@ def _cache_argument(forward_cls: type) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def forward_kwargs(model: PreTrainedModel, cache: DynamicCache) -> dict[str, Any]:
+def forward_kwargs(model: PreTrainedModel, cache: Any) -> dict[str, Any]:
     """Keyword arguments that hand ``cache`` to ``model.forward`` under this transformers release's name."""
     return {_cache_argument(type(model)): cache, "use_cache": True}
 
 
-def seq_length(cache: DynamicCache) -> int:
-    """Number of positions held in the cache."""
+def seq_length(cache: Any) -> int:
+    """Number of positions held in the cache (a SlotCache: its longest row)."""
     return cache.get_seq_length()
 
 
@@ -52,13 +203,17 @@ def _layers(cache: DynamicCache) -> list[Any]:
     return layers
 
 
-def crop(cache: DynamicCache, length: int) -> None:
-    """Keep the first ``length`` positions of every layer.
+def crop(cache: Any, length: int | list[int]) -> None:
+    """Roll the cache back: keep the first ``length`` positions (a SlotCache: per row when a list is given).
 
     Args:
         cache: the cache to trim in place.
-        length: positions to keep, ``0 <= length <= seq_length(cache)``.
+        length: positions to keep, ``0 <= length <=`` the current length.
     """
+    if isinstance(cache, SlotCache):
+        lengths = [length] * cache.batch if isinstance(length, int) else length
+        cache.lengths[: cache.batch] = torch.tensor(lengths, dtype=torch.long, device=cache.lengths.device)
+        return
     for layer in _layers(cache):
         if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
             continue
@@ -66,8 +221,12 @@ def crop(cache: DynamicCache, length: int) -> None:
         layer.values = layer.values[..., :length, :]
 
 
-def commit(cache: DynamicCache, keep_indices: torch.Tensor | list[int], prefix_len: int) -> None:
+def commit(cache: Any, keep_indices: Any, prefix_len: int | None = None) -> None:
     """Move the accepted tree slots into place and drop the rest.
+
+    A :class:`SlotCache` takes ``keep_indices`` per row (``list[list[int]]``, node indices relative to each row's
+    length, 0 = root) and no ``prefix_len``: the accepted slots are gathered in place after each row's prefix and the
+    row's length advances by their number. A ``DynamicCache`` (one row) works as described below.
 
     After a verify forward the cache holds ``prefix_len`` committed positions followed by one slot per tree node.
     ``keep_indices`` are node indices (0 = root) of the accepted path in order; afterwards the cache holds
@@ -78,6 +237,9 @@ def commit(cache: DynamicCache, keep_indices: torch.Tensor | list[int], prefix_l
         keep_indices: ``[M]`` accepted node indices relative to ``prefix_len``.
         prefix_len: number of positions committed before the verify forward.
     """
+    if isinstance(cache, SlotCache):
+        _commit_slots(cache, [[int(i) for i in row] for row in keep_indices])
+        return
     indices = [int(i) for i in keep_indices]
     count = len(indices)
     if indices == list(range(count)):  # a chain prefix (every step of a chain drafter): already in place
@@ -95,12 +257,31 @@ def commit(cache: DynamicCache, keep_indices: torch.Tensor | list[int], prefix_l
         layer.values = layer.values[..., : prefix_len + count, :]
 
 
+def _commit_slots(cache: SlotCache, keep: list[list[int]]) -> None:
+    lengths = cache.lengths[: cache.batch].tolist()
+    moves = [
+        (row, length + index, length + target)
+        for row, (length, indices) in enumerate(zip(lengths, keep, strict=True))
+        for target, index in enumerate(indices)
+        if index != target
+    ]
+    if moves:
+        rows, sources, targets = (torch.tensor(column, dtype=torch.long) for column in zip(*moves, strict=True))
+        for layer in cache.layers:
+            if layer.is_initialized:
+                device = layer.keys.device
+                r, src, dst = rows.to(device), sources.to(device), targets.to(device)
+                layer.keys[r, :, dst] = layer.keys[r, :, src]  # gathered first (advanced indexing copies), then written
+                layer.values[r, :, dst] = layer.values[r, :, src]
+    advance(cache, [len(indices) for indices in keep])
+
+
 @lru_cache(maxsize=32)
 def _layer_cache_argument(module_cls: type) -> str:
     parameters = inspect.signature(module_cls.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def layer_kwargs(module: torch.nn.Module, cache: DynamicCache | None) -> dict[str, Any]:
+def layer_kwargs(module: torch.nn.Module, cache: Any) -> dict[str, Any]:
     """Keyword arguments that hand ``cache`` to a transformers attention or decoder-layer module's forward."""
     return {_layer_cache_argument(type(module)): cache}

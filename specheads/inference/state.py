@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from specheads.inference.sampling import SamplingParams
 from specheads.inference.trees import DynamicTree, TreeBuffers
@@ -14,33 +14,62 @@ from specheads.metrics import SpecStats
 
 @dataclass
 class DecodeState:
-    """Everything one generation carries from step to step.
+    """Everything one generation carries from step to step, for a batch of independent rows.
 
     The base's cache holds every committed token except the last one of each row (the *root*), which the next
-    verification forward feeds together with the drafted tree.
+    verification forward feeds together with the drafted tree. Rows finish independently; a finished row leaves
+    the batch (``rows``), so it stops costing compute.
 
     Attributes:
         tokens: ``[B, capacity]`` token buffer; row b's committed tokens are ``tokens[b, :lengths[b]]``.
         lengths: committed tokens per row, prompt included.
         prompt_lengths: prompt tokens per row.
-        cache: the base model's key/value cache (``lengths[b] - 1`` positions per row).
+        cache: the base model's key/value cache (:class:`~specheads.inference.kv_cache.SlotCache`, one cache row per
+            entry of ``rows``, ``lengths[row] - 1`` committed slots each).
         hidden_states: base hidden states of the tokens that entered the cache in the last forward, one tensor
-            ``[B, M, H]`` per layer a drafter asked for (empty when no drafter needs them).
+            ``[len(rows), M, H]`` per layer a drafter asked for (empty when no drafter needs them); row i holds
+            ``hidden_counts[i]`` of them (the rest is padding).
+        hidden_counts: per entry of ``rows``, how many of ``hidden_states`` are real.
         finished: per row, whether generation has ended (EOS, ``max_new_tokens`` or the model's length limit).
-        stats: statistics of this generation.
+        stats: statistics per row.
+        rows: the rows still generating, in cache order.
+        generators: per row, its random source (None at temperature 0 with greedy acceptance).
+        draft: the drafter's per-generation state (its caches), set by ``drafter.reset``; kept here so that a
+            drafter object can serve several generations at once.
+        batch_draft_time_s / batch_verify_time_s: time the whole batch spent drafting / verifying.
     """
 
     tokens: torch.Tensor
     lengths: list[int]
     prompt_lengths: list[int]
-    cache: DynamicCache
+    cache: Any
     hidden_states: tuple[torch.Tensor, ...] = ()
     finished: list[bool] = field(default_factory=list)
-    stats: SpecStats = field(default_factory=SpecStats)
+    stats: list[SpecStats] | SpecStats = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    hidden_counts: list[int] = field(default_factory=list)
+    generators: list[torch.Generator | None] = field(default_factory=list)
+    draft: Any = None
+    batch_draft_time_s: float = 0.0
+    batch_verify_time_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        batch = self.tokens.shape[0]
+        if not self.rows:
+            self.rows = list(range(batch))
+        if not self.finished:
+            self.finished = [False] * batch
+        if isinstance(self.stats, SpecStats) or not self.stats:
+            self.stats = [SpecStats() for _ in range(batch)]
+        if not self.hidden_counts and self.hidden_states:
+            self.hidden_counts = [self.hidden_states[0].shape[1]] * len(self.rows)
+        if not self.generators:
+            self.generators = [None] * batch
 
     @property
     def batch_size(self) -> int:
-        return self.tokens.shape[0]
+        """Rows taking part in the next forward."""
+        return len(self.rows)
 
     def sequence(self, row: int = 0) -> torch.Tensor:
         """Committed tokens of one row, ``[lengths[row]]``."""
@@ -54,6 +83,12 @@ class DecodeState:
         self.tokens[row, start : start + len(new)] = torch.tensor(new, dtype=self.tokens.dtype)
         self.lengths[row] = start + len(new)
 
+    def last_hidden(self, layer: int = 0) -> torch.Tensor:
+        """``[len(rows), H]`` the hidden state (of ``hidden_states[layer]``) of each row's last cached token."""
+        hidden = self.hidden_states[layer]
+        index = torch.tensor([count - 1 for count in self.hidden_counts], device=hidden.device)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), index]
+
 
 @dataclass(frozen=True)
 class DraftRequest:
@@ -62,9 +97,12 @@ class DraftRequest:
     Attributes:
         sampling: the base's sampling settings; a drafter that samples uses the same ones.
         generator: random source for sampling drafters.
-        max_depth: the deepest useful draft (tokens left to generate minus one, within the model's length limit).
+        max_depth: the deepest useful draft (tokens left to generate minus one, within the model's length limit), the
+            largest over the rows of the batch; the engine cuts each row's proposal to that row's own limit.
         num_speculative_tokens: K for chain drafters (None: the drafter's default).
         tree: the tree for tree drafters: static buffers or an EAGLE-2 :class:`DynamicTree` (None: the default).
+        max_depths: each row's own depth limit (a drafter that samples stops each row there, so that a row draws
+            the same random numbers alone or in any batch).
     """
 
     sampling: SamplingParams
@@ -72,11 +110,15 @@ class DraftRequest:
     max_depth: int
     num_speculative_tokens: int | None = None
     tree: TreeBuffers | DynamicTree | None = None
+    max_depths: tuple[int, ...] = ()
 
 
 @dataclass
 class Proposal:
-    """Drafted tokens for one verification.
+    """Drafted tokens for one verification, of one row or of every row with the same tree.
+
+    A drafter returns one Proposal for the batch (same tree for every row), or a list with one Proposal (``[1, N]``)
+    or None per row of the batch, when the rows' trees differ.
 
     Attributes:
         tokens: ``[B, N]`` tokens of tree nodes 1..N (node 0, the root, is the last committed token).

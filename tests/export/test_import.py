@@ -58,7 +58,8 @@ def _decode(base, heads, **kwargs) -> list:
 
     def recording(state, request):
         proposal = propose(state, request)
-        drafted.append(None if proposal is None else proposal.tokens.tolist())
+        rows = proposal if isinstance(proposal, list) else [proposal]
+        drafted.append([None if row is None else row.tokens.tolist() for row in rows])
         return proposal
 
     decoder.drafter.propose = recording

@@ -20,9 +20,8 @@ def decoder(llama) -> SpecDecoder:
 @pytest.mark.parametrize(
     ("prompt", "message"),
     [
-        ([], "empty"),
+        ([], "list of prompts is empty"),
         (torch.zeros(1, 0, dtype=torch.long), "empty"),
-        (torch.tensor([[1, 2], [3, 4]]), "batch size 2"),
         ([5, 999], "token ids"),
         ("a string", "tokenizer"),
     ],

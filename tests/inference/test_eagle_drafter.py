@@ -20,7 +20,7 @@ from specheads import HeadCheckpointError, SpecDecoder, TreeError, load_heads
 from specheads.heads import EagleHead, MedusaHeads
 from specheads.inference import kv_cache
 from specheads.inference.drafters import MedusaDrafter
-from specheads.inference.eagle import EagleDrafter, _Root
+from specheads.inference.eagle import EagleDrafter, _EagleState, _Root
 from specheads.inference.sampling import SamplingParams
 from specheads.inference.state import DecodeState, DraftRequest
 from specheads.inference.trees import DynamicTree, resolve_tree
@@ -156,7 +156,7 @@ def _rebuilt_cache(head: EagleHead, base, committed: torch.Tensor) -> tuple:
 
 
 class _CheckedDrafter(EagleDrafter):
-    """Compares the draft cache with a rebuild from the committed tokens every time queued pairs are fed."""
+    """Compares every row's draft cache with a rebuild from its committed tokens every time queued pairs are fed."""
 
     def __init__(self, head: EagleHead, base) -> None:
         super().__init__(head)
@@ -164,20 +164,23 @@ class _CheckedDrafter(EagleDrafter):
         self.checks = 0
 
     def _feed_pending(self, state: DecodeState):
-        root = super()._feed_pending(state)
-        committed = state.lengths[0]
-        assert self.consumed == committed - 1
-        if root is None:  # a one-token prompt: no pair yet
-            assert kv_cache.seq_length(self.cache) == 0
-            return root
-        rebuilt, rebuilt_root = _rebuilt_cache(self.head, self.base, state.tokens[:, :committed])
-        assert kv_cache.seq_length(self.cache) == committed - 1
-        for layer, reference in zip(self.cache.layers, rebuilt.layers, strict=True):
-            assert torch.allclose(layer.keys, reference.keys, atol=1e-5)
-            assert torch.allclose(layer.values, reference.values, atol=1e-5)
-        assert torch.allclose(root.hidden, rebuilt_root, atol=1e-5)
-        self.checks += 1
-        return root
+        fed = super()._feed_pending(state)
+        draft = state.draft
+        for i, row in enumerate(state.rows):
+            committed = state.lengths[row]
+            assert draft.consumed[i] == committed - 1
+            length = kv_cache.row_lengths(draft.cache)[i]
+            assert length == committed - 1
+            if committed == 1:  # a one-token prompt: no pair yet
+                assert fed is None or not fed[1][i]
+                continue
+            rebuilt, rebuilt_root = _rebuilt_cache(self.head, self.base, state.tokens[row : row + 1, :committed])
+            for layer, reference in zip(draft.cache.layers, rebuilt.layers, strict=True):
+                assert torch.allclose(layer.keys[i, :, :length], reference.keys[0], atol=1e-5)
+                assert torch.allclose(layer.values[i, :, :length], reference.values[0], atol=1e-5)
+            assert torch.allclose(fed[0].hidden[i], rebuilt_root[0], atol=1e-5)
+            self.checks += 1
+        return fed
 
 
 @pytest.mark.parametrize("tree", ["dynamic", "binary-7"])
@@ -186,12 +189,15 @@ def test_draft_cache_equals_a_rebuild_from_the_committed_pairs(base, trained, ki
     drafter = _CheckedDrafter(trained[kind], base)
     decoder = SpecDecoder(base, drafter)
     accepted_drafts = []
-    for length in (1, 6):
-        prompt = _prompt(length, seed=11)
+    prompts = [_prompt(length, seed=11) for length in (1, 6)]
+    for prompt in prompts:
         out = decoder.generate(prompt, max_new_tokens=30, tree=tree)
         assert torch.equal(out.sequences, greedy_reference(base, prompt, 30))
         accepted_drafts += out.stats.accepted_drafts
-    assert drafter.checks > 20
+    outs = decoder.generate([*prompts, _prompt(13, seed=2)], max_new_tokens=30, tree=tree)  # rows in one batch
+    for out, prompt in zip(outs, [*prompts, _prompt(13, seed=2)], strict=True):
+        assert torch.equal(out.sequences, greedy_reference(base, prompt, 30))
+    assert drafter.checks > 40
     assert max(accepted_drafts) >= 2  # the cache was checked after multi-token commits
 
 
@@ -228,7 +234,7 @@ class _StubHead(torch.nn.Module):
             )
         )
         cache.update(torch.zeros(1, 1, count, 1), torch.zeros(1, 1, count, 1), 0)
-        return torch.nn.functional.one_hot(input_ids - OFFSET, DRAFT_VOCAB).float()
+        return torch.nn.functional.one_hot(input_ids - OFFSET, DRAFT_VOCAB).float()  # [1, count, Vd]
 
     def logits(self, hidden):
         return hidden @ self.next_log_probs
@@ -246,15 +252,16 @@ def _stub_drafter(consumed: int = 3) -> tuple[EagleDrafter, _StubHead]:
     next_probs[5] = torch.tensor([0.3, 0.05, 0.05, 0.05, 0.5, 0.05])  # after 5: 4 (0.5), 0 (0.3)
     head = _StubHead(next_probs)
     drafter = EagleDrafter(head)
-    drafter.cache.update(torch.zeros(1, 1, consumed, 1), torch.zeros(1, 1, consumed, 1), 0)  # committed pairs
-    drafter.consumed = consumed
-    return drafter, head
+    cache = kv_cache.new_cache(1, 64)
+    cache.update(torch.zeros(1, 1, consumed, 1), torch.zeros(1, 1, consumed, 1), 0)  # committed pairs
+    kv_cache.advance(cache, [consumed])
+    return drafter, head, _EagleState(cache, [consumed])
 
 
 def _stub_root() -> _Root:
     probs = torch.full((DRAFT_VOCAB,), 0.0375)
     probs[1], probs[2] = 0.6, 0.25
-    return _Root(hidden=torch.full((1, DRAFT_VOCAB), 7.0), log_probs=probs.log())
+    return _Root(hidden=torch.full((1, DRAFT_VOCAB), 7.0), log_probs=probs.log()[None])
 
 
 def test_dynamic_tree_by_hand() -> None:
@@ -267,8 +274,8 @@ def test_dynamic_tree_by_hand() -> None:
     Kept, by depth then creation: A, B, A3, A31 -> with the root first, parents [-1, 0, 0, 1, 3], depths
     [0, 1, 1, 2, 3] (the positions after the root's).
     """
-    drafter, head = _stub_drafter(consumed=3)
-    tokens, tree = drafter._dynamic(_stub_root(), DynamicTree(top_k=2, depth=3, total_tokens=4), max_depth=10)
+    drafter, head, draft = _stub_drafter(consumed=3)
+    [(tokens, tree)] = drafter._dynamic(draft, _stub_root(), DynamicTree(top_k=2, depth=3, total_tokens=4), 10)
     assert tokens.tolist() == [11, 12, 13, 11]
     assert tree.parents == (-1, 0, 0, 1, 3)
     assert tree.depths.tolist() == [0, 1, 1, 2, 3]
@@ -302,8 +309,8 @@ def test_dynamic_tree_by_hand() -> None:
 )
 def test_dynamic_tree_limits_by_hand(spec: DynamicTree, max_depth: int, tokens: list[int], parents: tuple) -> None:
     """Same stub as above. depth 2 with 5 kept: A .6, A3 .30, B .25, B5 .225, A4 .18 (B3 .0125 dropped)."""
-    drafter, _ = _stub_drafter()
-    drafted, tree = drafter._dynamic(_stub_root(), spec, max_depth)
+    drafter, _, draft = _stub_drafter()
+    [(drafted, tree)] = drafter._dynamic(draft, _stub_root(), spec, max_depth)
     assert drafted.tolist() == tokens
     assert tree.parents == parents
 
@@ -317,7 +324,7 @@ class _RecordingDrafter(EagleDrafter):
 
     def _expand(self, *args):
         hidden, log_probs = super()._expand(*args)
-        self.outputs.extend(hidden)
+        self.outputs.extend(hidden[0])  # one row: its nodes' outputs
         return hidden, log_probs
 
 
@@ -333,7 +340,7 @@ def test_static_tree_nodes_are_the_drafts_top_k_at_their_rank() -> None:
     with torch.no_grad():
         out = base(prompt[:, :-1], output_hidden_states=True)
     hidden_states = tuple(out.hidden_states[index] for index in head.hidden_state_layers)
-    state = DecodeState(prompt.clone(), [7], [7], kv_cache.new_cache(), hidden_states, [False])
+    state = DecodeState(prompt.clone(), [7], [7], kv_cache.new_cache(1, 64), hidden_states, [False])
     drafter = _RecordingDrafter(head)
     drafter.reset(state)
     tree = resolve_tree([[0], [1], [2], [0, 0], [0, 2], [1, 1], [0, 0, 1], [0, 2, 0]])
@@ -454,16 +461,6 @@ def test_heads_for_another_base_are_refused(base, tmp_path) -> None:
             load_heads(tmp_path, other)
         with pytest.raises(HeadCheckpointError, match="another base"):
             SpecDecoder.from_pretrained(other, heads=str(tmp_path))
-
-
-def test_a_batch_of_two_rows_is_refused(base, forward_calls) -> None:
-    decoder = SpecDecoder(base, EagleDrafter(_random_head(base, "eagle1")))
-    with pytest.raises(ValueError, match="batch size 2"):
-        decoder.generate(torch.tensor([[3, 4, 5], [6, 7, 8]]), max_new_tokens=4)
-    assert not forward_calls
-    state = DecodeState(torch.zeros(2, 8, dtype=torch.long), [3, 3], [3, 3], kv_cache.new_cache(), (), [False, False])
-    with pytest.raises(NotImplementedError, match="one row"):
-        decoder.drafter.reset(state)
 
 
 # ---------------------------------------------------------------------------------------- loading
