@@ -286,3 +286,38 @@ def test_stream_takes_one_prompt(forward_calls) -> None:
     with pytest.raises(ValueError, match="stream\\(\\) takes one prompt"):
         decoder.stream(["ab", "cd"], max_new_tokens=3)
     assert not calls
+
+
+# ---------------------------------------------------------------------------------------------- reentrancy
+def test_two_generations_at_once_on_one_decoder() -> None:
+    """Per-generation drafter state lives in the generation: interleaved streams and threads do not mix."""
+    import threading
+
+    from helpers import tiny_tokenizer
+
+    base = tiny_model("llama", seed=1, layers=4, logit_scale=3.0)
+    drafter, _ = _drafters(base, "llama")["eagle-dynamic"]
+    decoder = SpecDecoder(base, drafter, tokenizer=tiny_tokenizer())
+    texts = ["def f(x):", "abc = 12"]
+    expected = [decoder.generate(t, max_new_tokens=16).text for t in texts]
+    streams = [decoder.stream(t, max_new_tokens=16) for t in texts]
+    pieces = [[], []]
+    live = [True, True]
+    while any(live):
+        for i, stream in enumerate(streams):
+            if live[i]:
+                piece = next(stream, None)
+                live[i] = piece is not None
+                pieces[i] += [piece] if piece is not None else []
+    assert ["".join(p) for p in pieces] == expected
+    results: dict[int, list[int]] = {}
+
+    def run(index: int) -> None:
+        results[index] = decoder.generate(texts[index % 2], max_new_tokens=16).new_tokens
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [decoder.tokenizer.decode(results[i], skip_special_tokens=True) for i in range(4)] == expected * 2
