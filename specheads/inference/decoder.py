@@ -178,6 +178,8 @@ class SpecDecoder:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if not batched and batch_size is not None:
             raise ValueError("batch_size applies to a list of prompts")
+        if batched:  # every prompt before any compute, not chunk by chunk
+            self._check_lengths(prompts)
         size = batch_size or len(prompts)
         outputs: list[GenerationOutput] = []
         start = time.perf_counter()
@@ -188,7 +190,8 @@ class SpecDecoder:
         for first in range(0, len(prompts), size):
             state = None
             chunk_seed = list(seeds[first : first + size]) if isinstance(seeds, (list, tuple)) else seeds
-            for step_state, _ in self._run(prompts[first : first + size], max_new_tokens, seed=chunk_seed, **kwargs):
+            chunk = prompts[first : first + size]
+            for step_state, _ in self._run(chunk, max_new_tokens, seed=chunk_seed, first_index=first, **kwargs):
                 state = step_state
             assert state is not None
             for row in range(len(state.lengths)):
@@ -236,18 +239,12 @@ class SpecDecoder:
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
     def _run(
-        self, prompts: list[torch.Tensor], max_new_tokens: int, **kwargs: Any
+        self, prompts: list[torch.Tensor], max_new_tokens: int, first_index: int = 0, **kwargs: Any
     ) -> Iterator[tuple[DecodeState, dict[int, list[int]]]]:
         start = time.perf_counter()
         settings = self._settings(max_new_tokens, kwargs)
         max_length = self._max_length()
-        for index, ids in enumerate(prompts):
-            if max_length is not None and ids.shape[1] >= max_length:
-                where = f"prompt {index} has" if len(prompts) > 1 else "the prompt has"
-                raise ValueError(
-                    f"{where} {ids.shape[1]} tokens; the model allows at most {max_length} positions, so nothing can "
-                    "be generated"
-                )
+        self._check_lengths(prompts, first_index)
         state = self._prefill(prompts, settings)
         self.drafter.reset(state)
         while state.rows:
@@ -276,6 +273,16 @@ class SpecDecoder:
             yield state, emitted
             if done:
                 self._drop_rows(state, [i for i in range(len(state.rows)) if i not in done])
+
+    def _check_lengths(self, prompts: list[torch.Tensor], first_index: int = 0) -> None:
+        max_length = self._max_length()
+        for index, ids in enumerate(prompts):
+            if max_length is not None and ids.shape[1] >= max_length:
+                where = f"prompt {first_index + index} has" if len(prompts) > 1 or first_index else "the prompt has"
+                raise ValueError(
+                    f"{where} {ids.shape[1]} tokens; the model allows at most {max_length} positions, so nothing can "
+                    "be generated"
+                )
 
     def _drop_rows(self, state: DecodeState, keep: list[int]) -> None:
         """Finished rows leave the batch: the cache, hidden states and drafter state keep only ``keep``."""

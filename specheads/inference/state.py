@@ -96,7 +96,9 @@ class DraftRequest:
 
     Attributes:
         sampling: the base's sampling settings; a drafter that samples uses the same ones.
-        generator: random source for sampling drafters.
+        generator: random source for sampling drafters with one row; in a batch, row ``state.rows[i]`` draws from
+            ``state.generators[state.rows[i]]`` (this is the first row's), so that each row's draws do not depend on
+            its neighbours.
         max_depth: the deepest useful draft (tokens left to generate minus one, within the model's length limit), the
             largest over the rows of the batch; the engine cuts each row's proposal to that row's own limit.
         num_speculative_tokens: K for chain drafters (None: the drafter's default).

@@ -321,3 +321,15 @@ def test_two_generations_at_once_on_one_decoder() -> None:
     for thread in threads:
         thread.join()
     assert [decoder.tokenizer.decode(results[i], skip_special_tokens=True) for i in range(4)] == expected * 2
+
+
+def test_a_prompt_too_long_in_a_later_chunk_is_refused_before_any_compute() -> None:
+    base = tiny_model("llama", seed=1, layers=1, max_positions=16)
+    calls: list[int] = []
+    handle = base.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match="prompt 3 has 20 tokens; the model allows at most 16"):
+            SpecDecoder(base).generate([[3, 4], [5], [6, 7], list(range(2, 22))], max_new_tokens=3, batch_size=2)
+    finally:
+        handle.remove()
+    assert not calls
