@@ -51,13 +51,18 @@ class SlotLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         batch, _, count, _ = key_states.shape
-        positions = self.owner.write_positions(count, key_states.device)  # [B, q]
-        if int(positions.max()) >= self.keys.shape[2]:
-            self._grow(int(positions.max()) + 1)
-        rows = torch.arange(batch, device=key_states.device)[:, None]
-        self.keys[rows, :, positions] = key_states.transpose(1, 2)
-        self.values[rows, :, positions] = value_states.transpose(1, 2)
-        width = self.owner.width(count)
+        lengths = self.owner.lengths[:batch]
+        width = max(lengths) + count
+        if width > self.keys.shape[2]:
+            self._grow(width)
+        first = lengths[0]
+        if all(length == first for length in lengths):  # one row, or rows in step: a plain slice copy
+            self.keys[:batch, :, first : first + count] = key_states
+            self.values[:batch, :, first : first + count] = value_states
+        else:  # ragged rows: each row's new slots start at its own length
+            rows, positions = self.owner.write_index(count, key_states.device)
+            self.keys[rows, :, positions] = key_states.transpose(1, 2)
+            self.values[rows, :, positions] = value_states.transpose(1, 2)
         return self.keys[:batch, :, :width], self.values[:batch, :, :width]
 
     def _grow(self, needed: int) -> None:
@@ -94,25 +99,31 @@ class SlotCache(Cache):
         self.batch_capacity = batch_size
         self.capacity = capacity
         self.batch = batch_size  # rows taking part in forwards (a prefix of the buffers' rows)
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.lengths = [0] * batch_size  # committed slots per row (Python ints: no device sync per layer)
         self.reallocations = 0
+        self._write_index: tuple[Any, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         while len(self.layers) <= layer_idx:
             self.layers.append(SlotLayer(self))
         return self.layers[layer_idx].update(key_states, value_states)
 
-    def write_positions(self, count: int, device: torch.device) -> torch.Tensor:
-        """``[B, count]`` the slots a forward of ``count`` tokens per row writes: right after each row's length."""
-        lengths = self.lengths[: self.batch].to(device)
-        return lengths[:, None] + torch.arange(count, device=device)[None]
+    def write_index(self, count: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([B, 1], [B, count])`` row and slot indices a forward of ``count`` tokens per row writes (right after
+        each row's length); built once per forward and shared by every layer."""
+        key = (tuple(self.lengths[: self.batch]), count, str(device))
+        if self._write_index is None or self._write_index[0] != key:
+            lengths = torch.tensor(key[0], dtype=torch.long, device=device)
+            positions = lengths[:, None] + torch.arange(count, device=device)[None]
+            self._write_index = (key, (torch.arange(self.batch, device=device)[:, None], positions))
+        return self._write_index[1]
 
     def width(self, count: int) -> int:
         """Slots a forward of ``count`` tokens per row attends over: the longest row plus the new tokens."""
-        return int(self.lengths[: self.batch].max()) + count if self.batch else count
+        return max(self.lengths[: self.batch]) + count if self.batch else count
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return int(self.lengths[: self.batch].max()) if self.batch else 0
+        return max(self.lengths[: self.batch]) if self.batch else 0
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
         return self.width(query_length), 0
@@ -132,12 +143,12 @@ def new_cache(batch_size: int | None = None, capacity: int | None = None, device
 
 def row_lengths(cache: SlotCache) -> list[int]:
     """Committed slots of each row taking part in forwards."""
-    return cache.lengths[: cache.batch].tolist()
+    return list(cache.lengths[: cache.batch])
 
 
 def advance(cache: SlotCache, counts: list[int]) -> None:
     """Commit the first ``counts[b]`` slots a forward wrote for row b (a ragged feed: padded tokens are dropped)."""
-    cache.lengths[: cache.batch] += torch.tensor(counts, dtype=torch.long, device=cache.lengths.device)
+    cache.lengths[: cache.batch] = [length + count for length, count in zip(cache.lengths, counts, strict=False)]
 
 
 def keep_rows(cache: SlotCache, rows: list[int]) -> None:
@@ -149,7 +160,7 @@ def keep_rows(cache: SlotCache, rows: list[int]) -> None:
         if layer.is_initialized:
             layer.keys[: len(rows)] = layer.keys[index.to(layer.keys.device)]
             layer.values[: len(rows)] = layer.values[index.to(layer.values.device)]
-    cache.lengths[: len(rows)] = cache.lengths[index.to(cache.lengths.device)].clone()
+    cache.lengths[: len(rows)] = [cache.lengths[row] for row in rows]
     cache.batch = len(rows)
 
 
@@ -211,8 +222,7 @@ def crop(cache: Any, length: int | list[int]) -> None:
         length: positions to keep, ``0 <= length <=`` the current length.
     """
     if isinstance(cache, SlotCache):
-        lengths = [length] * cache.batch if isinstance(length, int) else length
-        cache.lengths[: cache.batch] = torch.tensor(lengths, dtype=torch.long, device=cache.lengths.device)
+        cache.lengths[: cache.batch] = [length] * cache.batch if isinstance(length, int) else list(length)
         return
     for layer in _layers(cache):
         if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
@@ -258,7 +268,7 @@ def commit(cache: Any, keep_indices: Any, prefix_len: int | None = None) -> None
 
 
 def _commit_slots(cache: SlotCache, keep: list[list[int]]) -> None:
-    lengths = cache.lengths[: cache.batch].tolist()
+    lengths = cache.lengths[: cache.batch]
     moves = [
         (row, length + index, length + target)
         for row, (length, indices) in enumerate(zip(lengths, keep, strict=True))
