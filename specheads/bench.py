@@ -4,6 +4,13 @@ Methods run interleaved over the prompts (the order rotates from prompt to promp
 a noisy, shared machine slows all of them alike; the per-prompt spread of each speed-up is reported next to the
 totals so that noise shows in the report rather than in the conclusion.
 
+At a batch size B > 1 the prompts are split into consecutive groups of B (the last one may be smaller) and the group
+takes the place of the prompt: each method decodes the whole group in one call, the methods interleaved from group to
+group. ``hf-greedy`` then runs transformers' batched ``generate`` on the left-padded group, its rows cut after their
+first EOS as specheads cuts them; tokens/s is the group's new tokens over the call's wall time, and a speed-up always
+compares with ``hf-greedy`` at the same batch size. transformers' assisted generation takes one sequence at a time, so
+``hf-assisted`` and ``hf-prompt-lookup`` run at batch size 1 only. Batch sizes run one after another.
+
 Baselines: ``hf-greedy`` (``generate(do_sample=False)``, the denominator of every speed-up), ``hf-assisted``
 (``assistant_model=`` the same draft model, when one is given) and ``hf-prompt-lookup``
 (``prompt_lookup_num_tokens=``). specheads methods: ``none``, ``draft-k{K}``, ``draft-adaptive``, ``prompt-lookup``
@@ -35,40 +42,105 @@ from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLoo
 from specheads.metrics import SpecStats
 from specheads.prompts import Prompt
 
-RunFn = Callable[[torch.Tensor, int], tuple[list[int], SpecStats | None]]
+
+@dataclass
+class GroupRun:
+    """What one call on a group of prompts returned.
+
+    Attributes:
+        tokens: each row's new tokens, up to and including its first EOS.
+        stats: the group's statistics (specheads methods): tokens and steps summed over the rows, times of the call.
+        batch_steps: batched verification forwards of the call (the longest row's steps).
+    """
+
+    tokens: list[list[int]]
+    stats: SpecStats | None = None
+    batch_steps: int = 0
+
+
+RunFn = Callable[[list[torch.Tensor], int], GroupRun]
 
 
 @dataclass
-class BenchMethod:
-    """One row of the report: a name and a function ``(input_ids [1, T], max_new_tokens) -> (tokens, stats)``."""
+class BenchRuns:
+    """Everything one method measured at one batch size: per call, its new tokens and wall time; per prompt, its
+    output (keyed by ``(repeat, prompt index)``)."""
 
-    name: str
-    run: RunFn
     new_tokens: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     outputs: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     stats: SpecStats = field(default_factory=SpecStats)
+    batch_steps: int = 0
+
+
+@dataclass
+class BenchMethod:
+    """One row of the report: a name and a function ``(group of input_ids [1, T], max_new_tokens) -> GroupRun``.
+
+    ``runs`` holds the measurements by batch size; ``batched`` is False for methods that decode one prompt at a time.
+    """
+
+    name: str
+    run: RunFn
     has_stats: bool = False
+    batched: bool = True
+    runs: dict[int, BenchRuns] = field(default_factory=dict)
+
+    @property
+    def outputs(self) -> dict[tuple[int, int], list[int]]:
+        """Outputs at the first batch size measured, by ``(repeat, prompt index)``."""
+        return self.runs[next(iter(self.runs))].outputs
 
 
-def _hf_runner(model: PreTrainedModel, **generate_kwargs: Any) -> RunFn:
-    def run(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], None]:
+def _hf_runner(model: PreTrainedModel, pad_token_id: int, **generate_kwargs: Any) -> RunFn:
+    eos = _eos_ids(model)
+
+    def run(group: list[torch.Tensor], max_new_tokens: int) -> GroupRun:
+        input_ids, attention_mask = _left_padded([ids.to(model.device) for ids in group], pad_token_id)
         out = model.generate(
             input_ids,
-            attention_mask=torch.ones_like(input_ids),
+            attention_mask=attention_mask,
             do_sample=False,
             max_new_tokens=max_new_tokens,
+            pad_token_id=pad_token_id,
             **generate_kwargs,
-        )
-        return out[0, input_ids.shape[1] :].tolist(), None
+        )  # [B, T + n]: finished rows are padded after their EOS
+        return GroupRun([_cut_at_eos(row, eos) for row in out[:, input_ids.shape[1] :].tolist()])
 
     return run
 
 
+def _left_padded(group: list[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids [B, T], attention_mask [B, T])`` of prompts ``[1, T_i]``, padded on the left to the longest."""
+    longest = max(ids.shape[1] for ids in group)
+    input_ids = torch.full((len(group), longest), pad_token_id, dtype=torch.long, device=group[0].device)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(group):
+        input_ids[row, longest - ids.shape[1] :] = ids[0]
+        attention_mask[row, longest - ids.shape[1] :] = 1
+    return input_ids, attention_mask
+
+
+def _eos_ids(model: PreTrainedModel) -> frozenset[int]:
+    eos = model.generation_config.eos_token_id
+    return frozenset() if eos is None else frozenset([eos] if isinstance(eos, int) else eos)
+
+
+def _cut_at_eos(tokens: list[int], eos_ids: frozenset[int]) -> list[int]:
+    """``tokens`` up to and including the first EOS (all of them when there is none)."""
+    for position, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[: position + 1]
+    return tokens
+
+
 def _spec_runner(decoder: SpecDecoder, **generate_kwargs: Any) -> RunFn:
-    def run(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], SpecStats]:
-        out = decoder.generate(input_ids, max_new_tokens=max_new_tokens, **generate_kwargs)
-        return out.new_tokens, out.stats
+    def run(group: list[torch.Tensor], max_new_tokens: int) -> GroupRun:
+        if len(group) == 1:  # a single prompt, as before batching existed
+            out = decoder.generate(group[0], max_new_tokens=max_new_tokens, **generate_kwargs)
+            return GroupRun([out.new_tokens], out.stats, out.stats.steps)
+        batch = decoder.generate(group, max_new_tokens=max_new_tokens, **generate_kwargs)
+        return GroupRun([out.new_tokens for out in batch], batch.stats, max(out.stats.steps for out in batch))
 
     return run
 
@@ -92,11 +164,11 @@ def build_methods(
     pad = base.generation_config.pad_token_id
     if pad is None:
         pad = base.generation_config.eos_token_id if isinstance(base.generation_config.eos_token_id, int) else 0
-    methods = [BenchMethod("hf-greedy", _hf_runner(base, pad_token_id=pad))]
+    methods = [BenchMethod("hf-greedy", _hf_runner(base, pad))]
     if draft is not None:
-        methods.append(BenchMethod("hf-assisted", _hf_runner(base, pad_token_id=pad, assistant_model=draft)))
+        methods.append(BenchMethod("hf-assisted", _hf_runner(base, pad, assistant_model=draft), batched=False))
     methods.append(
-        BenchMethod("hf-prompt-lookup", _hf_runner(base, pad_token_id=pad, prompt_lookup_num_tokens=lookup_k))
+        BenchMethod("hf-prompt-lookup", _hf_runner(base, pad, prompt_lookup_num_tokens=lookup_k), batched=False)
     )
     methods.append(BenchMethod("none", _spec_runner(SpecDecoder(base, NoDrafter())), has_stats=True))
     if draft is not None:
@@ -134,58 +206,113 @@ def run_bench(
     max_new_tokens: int,
     repeats: int = 1,
     progress: bool = True,
+    batch_sizes: Sequence[int] = (1,),
 ) -> None:
-    """Run every method on every prompt, interleaved; results accumulate in the methods."""
+    """Run every method on every group of ``batch_size`` consecutive prompts, interleaved, for each batch size in
+    turn; results accumulate in ``method.runs[batch_size]``. Methods that are not ``batched`` run at batch size 1
+    only."""
     encoded = [torch.tensor([tokenizer(p.text)["input_ids"]], dtype=torch.long) for p in prompts]
-    for method in methods:  # warm-up: first-call allocations and lazy initialisation stay out of the timings
-        method.run(encoded[0], min(8, max_new_tokens))
-    jobs = [(r, i) for r in range(repeats) for i in range(len(prompts))]
-    for repeat, index in tqdm(jobs, desc="bench", unit="prompt", disable=not progress):
-        shift = (index + repeat) % len(methods)
-        for method in methods[shift:] + methods[:shift]:
-            start = time.perf_counter()
-            tokens, stats = method.run(encoded[index], max_new_tokens)
-            method.seconds.append(time.perf_counter() - start)
-            method.new_tokens.append(len(tokens))
-            method.outputs[(repeat, index)] = tokens
-            if stats is not None:
-                method.stats = method.stats.merge(stats)
+    for batch_size in batch_sizes:
+        starts = range(0, len(encoded), batch_size)
+        groups = [(first, encoded[first : first + batch_size]) for first in starts]
+        active = [m for m in methods if m.batched or batch_size == 1]
+        for method in active:  # warm-up: first-call allocations and lazy initialisation stay out of the timings
+            method.runs[batch_size] = BenchRuns()
+            method.run(groups[0][1], min(8, max_new_tokens))
+        jobs = [(r, g) for r in range(repeats) for g in range(len(groups))]
+        description = "bench" if len(batch_sizes) == 1 else f"bench, batch size {batch_size}"
+        unit = "prompt" if batch_size == 1 else "group"
+        for repeat, index in tqdm(jobs, desc=description, unit=unit, disable=not progress):
+            shift = (index + repeat) % len(active)
+            first, group = groups[index]
+            keys = [(repeat, first + row) for row in range(len(group))]
+            for method in active[shift:] + active[:shift]:
+                _record(method.runs[batch_size], method.run, group, max_new_tokens, keys)
 
 
-def summarize(methods: list[BenchMethod]) -> list[dict[str, Any]]:
-    """Per-method rows of the report (see API.md section 5)."""
-    reference = methods[0]
+def _record(
+    runs: BenchRuns, run: RunFn, group: list[torch.Tensor], max_new_tokens: int, keys: list[tuple[int, int]]
+) -> None:
+    """Time one call on ``group`` and add what it returned to ``runs``."""
+    start = time.perf_counter()
+    result = run(group, max_new_tokens)
+    runs.seconds.append(time.perf_counter() - start)
+    runs.new_tokens.append(sum(len(tokens) for tokens in result.tokens))
+    runs.outputs.update(zip(keys, result.tokens, strict=True))
+    if result.stats is not None:
+        runs.stats = runs.stats.merge(result.stats)
+        runs.batch_steps += result.batch_steps
+
+
+def summarize(methods: list[BenchMethod], batch_size: int | None = None) -> list[dict[str, Any]]:
+    """Per-method rows of the report at ``batch_size`` (default: the first measured; see API.md section 5).
+
+    At a batch size above 1 the per-prompt spread is per group, step times are per batched step, and each row also
+    says whether its outputs equal ``hf-greedy``'s at that batch size (``matches_batched_greedy``) and at batch size
+    1 (``matches_unbatched_greedy``, None when batch size 1 was not measured); ``matches_greedy`` holds when every
+    output equals one of the two (left padding may move fp32 logits in their last bits).
+    """
+    if batch_size is None:
+        batch_size = next(iter(methods[0].runs))
+    reference = methods[0].runs[batch_size]
+    unbatched = methods[0].runs.get(1) if batch_size > 1 else None
     reference_rates = [n / s for n, s in zip(reference.new_tokens, reference.seconds, strict=True)]
     reference_tps = sum(reference.new_tokens) / sum(reference.seconds)
     rows = []
     for method in methods:
-        rates = [n / s for n, s in zip(method.new_tokens, method.seconds, strict=True)]
-        per_prompt = [r / g for r, g in zip(rates, reference_rates, strict=True)]
-        quartiles = statistics.quantiles(per_prompt, n=4) if len(per_prompt) >= 2 else [per_prompt[0]] * 3
-        tokens_per_s = sum(method.new_tokens) / sum(method.seconds)
-        rows.append(
-            {
-                "name": method.name,
-                "tokens_per_s": tokens_per_s,
-                "speedup": tokens_per_s / reference_tps,
-                "speedup_per_prompt_median": statistics.median(per_prompt),
-                "speedup_per_prompt_iqr": [quartiles[0], quartiles[2]],
-                "mean_accepted_length": method.stats.mean_accepted_length if method.has_stats else None,
-                "acceptance_rate_by_position": method.stats.acceptance_rate_by_position if method.has_stats else None,
-                "matches_greedy": all(method.outputs[key] == reference.outputs[key] for key in reference.outputs),
-                "wall_time_s": sum(method.seconds),
-                "draft_ms_per_step": _per_step_ms(method, "draft_time_s"),
-                "verify_ms_per_step": _per_step_ms(method, "verify_time_s"),
-                "new_tokens": sum(method.new_tokens),
-            }
-        )
+        runs = method.runs.get(batch_size)
+        if runs is None:  # a method that decodes one prompt at a time
+            continue
+        rates = [n / s for n, s in zip(runs.new_tokens, runs.seconds, strict=True)]
+        per_call = [r / g for r, g in zip(rates, reference_rates, strict=True)]
+        quartiles = statistics.quantiles(per_call, n=4) if len(per_call) >= 2 else [per_call[0]] * 3
+        tokens_per_s = sum(runs.new_tokens) / sum(runs.seconds)
+        row = {
+            "name": method.name,
+            "tokens_per_s": tokens_per_s,
+            "speedup": tokens_per_s / reference_tps,
+            "speedup_per_prompt_median": statistics.median(per_call),
+            "speedup_per_prompt_iqr": [quartiles[0], quartiles[2]],
+            "mean_accepted_length": runs.stats.mean_accepted_length if method.has_stats else None,
+            "acceptance_rate_by_position": runs.stats.acceptance_rate_by_position if method.has_stats else None,
+            "matches_greedy": _matches(runs, reference, unbatched),
+            "wall_time_s": sum(runs.seconds),
+            "draft_ms_per_step": _per_step_ms(method, runs, "draft_time_s"),
+            "verify_ms_per_step": _per_step_ms(method, runs, "verify_time_s"),
+            "new_tokens": sum(runs.new_tokens),
+        }
+        if batch_size > 1:
+            row["batch_size"] = batch_size
+            row["matches_batched_greedy"] = _matches(runs, reference)
+            row["matches_unbatched_greedy"] = None if unbatched is None else _matches(runs, unbatched)
+        rows.append(row)
     return rows
 
 
-def _per_step_ms(method: BenchMethod, field_name: str) -> float | None:
-    if not method.has_stats or not method.stats.steps:
+def _matches(runs: BenchRuns, reference: BenchRuns, other: BenchRuns | None = None) -> bool:
+    """Every output equals the reference's output of the same prompt (or ``other``'s, when given)."""
+    return all(
+        runs.outputs[key] == reference.outputs[key] or (other is not None and runs.outputs[key] == other.outputs[key])
+        for key in reference.outputs
+    )
+
+
+def _per_step_ms(method: BenchMethod, runs: BenchRuns, field_name: str) -> float | None:
+    if not method.has_stats or not runs.batch_steps:
         return None
-    return 1000.0 * getattr(method.stats, field_name) / method.stats.steps
+    return 1000.0 * getattr(runs.stats, field_name) / runs.batch_steps
+
+
+def skipped_note(methods: list[BenchMethod], batch_sizes: Sequence[int]) -> str | None:
+    """The report's note on methods that ran at batch size 1 only (None when none was skipped)."""
+    skipped = [m.name for m in methods if not m.batched]
+    above_one = [str(size) for size in batch_sizes if size > 1]
+    if not skipped or not above_one:
+        return None
+    return (
+        f"{', '.join(skipped)}: skipped at batch size {', '.join(above_one)} (transformers' assisted generation "
+        "decodes one sequence at a time)"
+    )
 
 
 def model_info(model: PreTrainedModel, name: str) -> dict[str, Any]:
@@ -225,7 +352,20 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> None:
     plot_speedups(report, out / "speedup.png")
 
 
+def report_rows(methods: list[BenchMethod], batch_sizes: Sequence[int] = (1,)) -> dict[str, Any]:
+    """The report's method rows: ``{"methods": [...]}`` for batch size 1 alone (the original schema); otherwise
+    also ``"batch_sizes"``, ``"by_batch_size"`` (``{"B": rows}``) and ``"notes"``, with ``"methods"`` the rows of
+    the first batch size."""
+    by_size = {str(size): summarize(methods, size) for size in batch_sizes}
+    rows: dict[str, Any] = {"methods": by_size[str(batch_sizes[0])]}
+    if list(batch_sizes) != [1]:
+        note = skipped_note(methods, batch_sizes)
+        rows.update(batch_sizes=list(batch_sizes), by_batch_size=by_size, notes=[note] if note else [])
+    return rows
+
+
 def markdown_table(report: dict[str, Any]) -> str:
+    """``report.md``: one table of the methods per batch size, after a speed-up summary when there are several."""
     lines = [
         f"base: {report['base']['name_or_path']} ({report['base']['parameters'] / 1e6:.2f}M parameters)"
         + (
@@ -236,32 +376,80 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"{report['prompts']} prompts x {report['repeats']} repeats, {report['max_new_tokens']} new tokens, "
         f"temperature 0; {report['machine']['processor']}, {report['machine']['torch_threads']} threads, "
         f"{report['machine']['date']}",
-        "",
-        "| method | tokens/s | speedup | per-prompt speedup median [IQR] | tau | acceptance by depth | "
-        "draft / verify ms per step | matches greedy |",
+    ]
+    if "by_batch_size" not in report:
+        return "\n".join([*lines, "", *_method_table(report["methods"], batched=False)]) + "\n"
+    sizes = report["batch_sizes"]
+    lines.append(
+        f"batch sizes {', '.join(map(str, sizes))}: consecutive groups of prompts decoded in one call; tokens/s = "
+        "the group's new tokens / the call's wall time; speed-up over hf-greedy (transformers' batched generate, "
+        "left padding) at the same batch size"
+    )
+    lines += [f"note: {note}" for note in report["notes"]]
+    lines += ["", "## speed-up by batch size", "", *_summary_table(report["by_batch_size"], sizes)]
+    for size in sizes:
+        lines += ["", f"## batch size {size}", "", *_method_table(report["by_batch_size"][str(size)], size > 1)]
+    return "\n".join(lines) + "\n"
+
+
+def _summary_table(by_size: dict[str, list[dict[str, Any]]], sizes: Sequence[int]) -> list[str]:
+    """Rows = methods, columns = batch sizes, cells = speed-up; the last row gives hf-greedy's tokens/s."""
+    names = list(dict.fromkeys(row["name"] for size in sizes for row in by_size[str(size)]))
+    speedups = {(str(size), row["name"]): row["speedup"] for size in sizes for row in by_size[str(size)]}
+    lines = [
+        "| method | " + " | ".join(f"batch {size}" for size in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    for name in names:
+        cells = [f"{speedups[str(s), name]:.2f}x" if (str(s), name) in speedups else "-" for s in sizes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    greedy = [f"{by_size[str(size)][0]['tokens_per_s']:.1f}" for size in sizes]
+    lines.append("| hf-greedy tokens/s | " + " | ".join(greedy) + " |")
+    return lines
+
+
+def _method_table(rows: list[dict[str, Any]], batched: bool) -> list[str]:
+    """The per-method table at one batch size (per group and per batched step when ``batched``)."""
+    per_call = "per-group" if batched else "per-prompt"
+    step = "batched step" if batched else "step"
+    lines = [
+        f"| method | tokens/s | speedup | {per_call} speedup median [IQR] | tau | acceptance by depth | "
+        f"draft / verify ms per {step} | matches greedy |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for row in report["methods"]:
+    for row in rows:
         tau = "-" if row["mean_accepted_length"] is None else f"{row['mean_accepted_length']:.2f}"
         rates = row["acceptance_rate_by_position"]
         rates_text = "-" if not rates else " ".join(f"{r:.2f}" for r in rates)
         low, high = row["speedup_per_prompt_iqr"]
         draft_ms, verify_ms = row.get("draft_ms_per_step"), row.get("verify_ms_per_step")
         split = "-" if draft_ms is None else f"{draft_ms:.2f} / {verify_ms:.2f}"
+        matches = "yes" if row["matches_greedy"] else "NO"
+        if row["matches_greedy"] and row.get("matches_batched_greedy") is False:
+            matches = "yes (unbatched)"
         lines.append(
             f"| {row['name']} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | "
             f"{row['speedup_per_prompt_median']:.2f} [{low:.2f}, {high:.2f}] | {tau} | {rates_text} | {split} | "
-            f"{'yes' if row['matches_greedy'] else 'NO'} |"
+            f"{matches} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot_speedups(report: dict[str, Any], path: Path) -> None:
+    """Bars of the speed-ups at one batch size; lines of speed-up against batch size when there are several."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    several = len(report.get("batch_sizes", [])) > 1
+    figure = _plot_by_batch_size(plt, report) if several else _plot_bars(plt, report)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _plot_bars(plt: Any, report: dict[str, Any]) -> Any:
     rows = report["methods"]
     names = [row["name"] for row in rows]
     speedups = [row["speedup"] for row in rows]
@@ -272,12 +460,36 @@ def plot_speedups(report: dict[str, Any], path: Path) -> None:
     axis.bar(names, speedups, color=colors, yerr=[low, high], capsize=3)
     axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     axis.set_ylabel("speed-up over hf-greedy (tokens/s ratio)")
+    size = report.get("batch_sizes", [1])[0]
     axis.set_title(
         f"{report['base']['name_or_path']}: {report['max_new_tokens']} new tokens, "
-        f"{report['prompts']} prompts (bars: total; whiskers: per-prompt IQR)",
+        f"{report['prompts']} prompts"
+        + (f", batch size {size}" if size > 1 else "")
+        + f" (bars: total; whiskers: per-{'group' if size > 1 else 'prompt'} IQR)",
         fontsize=9,
     )
     axis.tick_params(axis="x", rotation=30)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    return figure
+
+
+def _plot_by_batch_size(plt: Any, report: dict[str, Any]) -> Any:
+    sizes = report["batch_sizes"]
+    by_size = report["by_batch_size"]
+    names = list(dict.fromkeys(row["name"] for size in sizes for row in by_size[str(size)]))
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+    axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="hf-greedy (batched generate)")
+    hf_markers = iter("s^vD")
+    for name in names[1:]:  # names[0] is hf-greedy, the dashed line
+        points = [(size, row["speedup"]) for size in sizes for row in by_size[str(size)] if row["name"] == name]
+        style = dict(color="#777777", marker=next(hf_markers, "x")) if name.startswith("hf-") else dict(marker="o")
+        axis.plot(*zip(*points, strict=True), label=name, **style)
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(sizes, [str(size) for size in sizes])
+    axis.set_xlabel("batch size")
+    axis.set_ylabel("speed-up over hf-greedy at the same batch size")
+    axis.set_title(
+        f"{report['base']['name_or_path']}: {report['max_new_tokens']} new tokens, {report['prompts']} prompts",
+        fontsize=9,
+    )
+    axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return figure

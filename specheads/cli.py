@@ -8,8 +8,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specheads.heads.registry import HEAD_TYPES
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from specheads import SpecDecoder
 
 METHOD_CHOICES = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
 FORMAT_CHOICES = ("eagle3", "speculators", "eagle", "medusa")
@@ -117,6 +123,15 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--limit", type=int, help="use the first N prompts")
     parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts (more: less noise)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        nargs="+",
+        default=[1],
+        metavar="B",
+        help="batch sizes, e.g. 1 2 4 8: consecutive groups of B prompts are decoded in one call and compared with "
+        "transformers' batched greedy generate at the same B (hf-assisted and hf-prompt-lookup run at 1 only)",
+    )
     parser.add_argument("--draft-k", default="1,3,5,8", help="comma-separated K values for draft-k* rows")
     parser.add_argument("--lookup-k", type=int, default=10, help="tokens per prompt-lookup proposal (both sides)")
     parser.add_argument("--methods", help="comma-separated subset of methods (hf-greedy always runs)")
@@ -133,8 +148,8 @@ def _bench(args: argparse.Namespace) -> int:
         machine_info,
         markdown_table,
         model_info,
+        report_rows,
         run_bench,
-        summarize,
         write_report,
     )
     from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
@@ -150,6 +165,9 @@ def _bench(args: argparse.Namespace) -> int:
         prompts_path = assets.prompts_path()
     tokenizer = load_tokenizer(args.tokenizer or args.base)
     prompts = load_prompts(prompts_path, tokenizer, limit=args.limit)
+    batch_sizes = sorted(set(args.batch_size))
+    if batch_sizes[0] < 1 or batch_sizes[-1] > len(prompts):
+        raise ValueError(f"--batch-size values must lie in [1, {len(prompts)}] (the number of prompts)")
     base = load_causal_lm(args.base, device=args.device)
     draft = None
     if args.draft_model:
@@ -161,7 +179,7 @@ def _bench(args: argparse.Namespace) -> int:
     methods = build_methods(
         base, draft, draft_ks=draft_ks, lookup_k=args.lookup_k, only=only, heads=heads, trees=_tree_lists(args.trees)
     )
-    run_bench(methods, prompts, tokenizer, args.max_new_tokens, repeats=args.repeats)
+    run_bench(methods, prompts, tokenizer, args.max_new_tokens, repeats=args.repeats, batch_sizes=batch_sizes)
 
     report = {
         "machine": machine_info(),
@@ -174,7 +192,7 @@ def _bench(args: argparse.Namespace) -> int:
         "temperature": 0.0,
         "lookup_k": args.lookup_k,
         "command": "specheads " + " ".join(sys.argv[1:]),
-        "methods": summarize(methods),
+        **report_rows(methods, batch_sizes),
     }
     write_report(report, args.out)
     print(markdown_table(report))
@@ -264,16 +282,29 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
         description="Generate the base model's own response to every prompt and write one JSONL record per prompt: "
         "id, prompt, response and text (= prompt + response, for data.format jsonl), plus conversations (for "
         "data.format sharegpt) when the tokenizer has a chat template. An existing --out is resumed: prompts whose "
-        "id it holds are skipped. Sampled records are seeded from --seed and their id, so resuming reproduces them.",
+        "id it holds are skipped. Sampled records are seeded from --seed and their id, so resuming reproduces them. "
+        "With --heads or --draft-model the batches are decoded speculatively: at temperature 0 the file is the same, "
+        "only faster; sampled records follow the same distribution but are other draws than without speculation.",
     )
     parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
     parser.add_argument("--prompts", required=True, help="JSONL prompts ('prompt' or 'conversations', unique 'id')")
+    drafter = parser.add_mutually_exclusive_group()
+    drafter.add_argument(
+        "--heads",
+        help="speculate with these heads (Medusa or EAGLE checkpoint dir; 'default' with --base default: the shipped "
+        "EAGLE-3)",
+    )
+    drafter.add_argument("--draft-model", help="speculate with this draft model (sharing the base's tokenizer)")
+    parser.add_argument("--tree", help="speculation: the tree ('chain-K', a name, a JSON file, 'auto', 'dynamic')")
+    parser.add_argument("--num-speculative-tokens", type=int, help="speculation: K drafted tokens per step (chains)")
     parser.add_argument("--out", required=True, help="output JSONL file (appended to when it exists)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
-    parser.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (left-padded)")
+    parser.add_argument(
+        "--batch-size", type=int, default=8, help="prompts per generate call (left-padded without speculation)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds sampling, per record with its id")
     parser.add_argument("--limit", type=int, help="use the first N prompts")
     parser.add_argument("--no-chat-template", action="store_true", help="give plain prompts to the base as they are")
@@ -291,6 +322,9 @@ def _distill(args: argparse.Namespace) -> int:
     check_settings(args.max_new_tokens, args.batch_size, args.temperature, args.top_p, args.top_k)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    speculate = args.heads is not None or args.draft_model is not None
+    if not speculate and (args.tree is not None or args.num_speculative_tokens is not None):
+        raise ValueError("--tree and --num-speculative-tokens need --heads or --draft-model")
     tokenizer = load_tokenizer(args.base)
     prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
     check_unique_ids(prompts)
@@ -299,7 +333,10 @@ def _distill(args: argparse.Namespace) -> int:
         print(f"{args.out} already holds all {len(prompts)} prompts; nothing to do")
         return 0
     base = load_causal_lm(args.base, device=args.device)
-    written = distill(
+    decoder = _distill_decoder(args, base, tokenizer) if speculate else None
+    options = {"tree": args.tree, "num_speculative_tokens": args.num_speculative_tokens}
+    options = {key: value for key, value in options.items() if value is not None}
+    result = distill(
         base,
         tokenizer,
         prompts,
@@ -311,9 +348,34 @@ def _distill(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         seed=args.seed,
         use_chat_template=not args.no_chat_template,
+        decoder=decoder,
+        decoder_options=options,
     )
-    print(f"wrote {written} records to {args.out} ({len(prompts) - written} were already there)")
+    print(f"wrote {result.written} records to {args.out} ({len(prompts) - result.written} were already there)")
+    speed = f"{result.new_tokens} tokens in {result.generate_time_s:.2f}s: {result.tokens_per_s:.1f} tokens/s"
+    if decoder is not None:
+        speed += f", tau {result.mean_accepted_length:.2f} ({decoder.drafter.name})"
+    print(speed)
     return 0
+
+
+def _distill_decoder(
+    args: argparse.Namespace, base: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> SpecDecoder:
+    """A SpecDecoder on ``base`` itself with the drafter that --heads or --draft-model names."""
+    from specheads import SpecDecoder
+    from specheads.heads.loading import ADAPTER_DIR
+    from specheads.inference.decoder import _heads_path
+
+    if args.heads is not None:
+        heads = Path(_heads_path(args.heads))
+        if (heads / ADAPTER_DIR).is_dir():
+            raise ValueError(
+                f"{heads} are Medusa-2 heads: they decode the base with their LoRA adapter merged, so the data would "
+                "not be --base's own; distill with the merged base as --base, or without --heads"
+            )
+        return SpecDecoder.from_pretrained(base, heads=heads, tokenizer=tokenizer)
+    return SpecDecoder.from_pretrained(base, draft_model=args.draft_model, tokenizer=tokenizer)
 
 
 def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:

@@ -282,3 +282,63 @@ def test_bench_trees_option_is_checked(model_dirs, tmp_path, capsys) -> None:
         + ["--trees", "hydra=chain-2", "--out", str(tmp_path / "b")]
     )
     assert code == 2 and "TYPE=T1,T2" in capsys.readouterr().err
+
+
+def test_bench_batch_sizes_report_each_size_against_batched_greedy(model_dirs, tmp_path) -> None:
+    prompts = tmp_path / "prompts.jsonl"  # prompts of different lengths, so that the batched baseline pads
+    texts = ["x = 1", "def f(x):\n    return x + 1", "y", "for i in range(3):\n    print(i)"]
+    prompts.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in texts))
+    out = tmp_path / "bench"
+    code = main(
+        ["bench", "--base", str(model_dirs / "base"), "--draft-model", str(model_dirs / "draft")]
+        + ["--prompts", str(prompts), "--max-new-tokens", "4", "--draft-k", "2", "--lookup-k", "3"]
+        + ["--methods", "hf-assisted,none,draft-k2,prompt-lookup", "--batch-size", "2", "1", "--out", str(out)]
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["batch_sizes"] == [1, 2]
+    by_size = report["by_batch_size"]
+    assert [row["name"] for row in by_size["1"]] == ["hf-greedy", "hf-assisted", "none", "draft-k2", "prompt-lookup"]
+    assert [row["name"] for row in by_size["2"]] == ["hf-greedy", "none", "draft-k2", "prompt-lookup"]
+    assert report["methods"] == by_size["1"]
+    for row in by_size["1"] + by_size["2"]:
+        assert row["matches_greedy"], row["name"]
+        assert row["new_tokens"] == 4 * len(texts)
+    assert all(row["matches_batched_greedy"] and row["matches_unbatched_greedy"] for row in by_size["2"])
+    assert by_size["2"][0]["speedup"] == pytest.approx(1.0)
+    assert any("hf-assisted" in note and "batch size 2" in note for note in report["notes"])
+    markdown = (out / "report.md").read_text()
+    assert "## speed-up by batch size" in markdown and "## batch size 2" in markdown
+    summary = markdown.split("## batch size 1")[0]
+    assert [line for line in summary.splitlines() if line.startswith("| hf-assisted |")][0].endswith("x | - |")
+    assert (out / "speedup.png").stat().st_size > 1000
+
+
+def test_bench_batch_size_must_fit_the_prompts(model_dirs, tmp_path, capsys) -> None:
+    code = main(
+        ["bench", "--base", str(model_dirs / "base"), "--prompts", str(model_dirs / "prompts.jsonl")]
+        + ["--batch-size", "1", "4", "--out", str(tmp_path / "b")]
+    )
+    assert code == 2 and "--batch-size" in capsys.readouterr().err
+
+
+def test_bench_batched_greedy_counts_each_row_up_to_its_own_eos() -> None:
+    import torch
+
+    from specheads.bench import build_methods, run_bench, summarize
+    from specheads.prompts import Prompt
+
+    tokenizer = tiny_tokenizer()
+    base = tiny_model("llama", seed=1)
+    prompts = [Prompt(str(i), text) for i, text in enumerate(["x = 1", "def g(y):\n    return y", "a", "b = [1]"])]
+    first = torch.tensor([tokenizer(prompts[0].text)["input_ids"]])
+    greedy = base.generate(first, attention_mask=torch.ones_like(first), do_sample=False, max_new_tokens=6)
+    base.generation_config.eos_token_id = int(greedy[0, first.shape[1] + 2])  # prompt 0 stops after 3 tokens
+    methods = build_methods(base, None, only=["none", "prompt-lookup"], lookup_k=3)
+    run_bench(methods, prompts, tokenizer, 6, progress=False, batch_sizes=(1, 2, 4))
+    for size in (1, 2, 4):
+        rows = summarize(methods, size)
+        assert [row["name"] for row in rows] == ["hf-greedy", "none", "prompt-lookup"]
+        assert all(row["matches_greedy"] and row.get("matches_batched_greedy", True) for row in rows), size
+        assert rows[0]["new_tokens"] == rows[1]["new_tokens"] < 6 * len(prompts)
+    assert len(methods[0].runs[4].outputs[(0, 0)]) == 3

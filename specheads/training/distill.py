@@ -18,6 +18,16 @@ Guarantees:
     - Sampling (temperature > 0): each record draws its tokens from its own generator seeded from ``(seed, id)``, so
       its response does not depend on the batch size, on the other prompts, their order, ``--limit`` or on resuming
       (up to the same floating-point rounding of batched forwards, which can move a draw only at a boundary).
+
+Speculation (``decoder=``, ``specheads distill --heads / --draft-model``): every batch is decoded by the batched
+speculative engine instead of transformers' ``generate``; records, resuming and the cut at stop tokens are the same.
+    - Greedy: the engine's output is the base's own greedy output token for token, so the file is the one plain
+      decoding writes (the same floating-point caveat as batching; tested equal on the tiny test models and checked
+      on the default model by ``scripts/bench_distill.py``). Only the time differs.
+    - Sampling: lossless in distribution (rejection sampling, Leviathan et al. 2023; Chen et al. 2023), and each
+      record is still seeded from ``(seed, id)``, so it is reproducible and independent of batching and resuming, but
+      the engine consumes its random numbers differently from the plain path's sampler: the same seed gives other
+      (equally distributed) responses with and without speculation, and with different drafters or trees.
 """
 
 from __future__ import annotations
@@ -26,20 +36,52 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.inference.sampling import SamplingParams, probabilities, sample
+from specheads.metrics import SpecStats
 from specheads.prompts import Prompt, PromptFileError
+
+if TYPE_CHECKING:
+    from specheads.inference.decoder import SpecDecoder
 
 logger = logging.getLogger(__name__)
 
 _SHAREGPT_FROM = {"user": "human", "assistant": "gpt", "system": "system"}
+
+
+@dataclass
+class DistillResult:
+    """What one :func:`distill` call did.
+
+    Attributes:
+        written: records appended by this call (prompts already in the file are not counted).
+        new_tokens: response tokens written (after the cut at the first stop token, which is not counted).
+        generate_time_s: seconds spent generating (tokenizing and writing excluded).
+        spec_stats: the speculative engine's totals over every batch (tau, acceptance); None without speculation.
+    """
+
+    written: int = 0
+    new_tokens: int = 0
+    generate_time_s: float = 0.0
+    spec_stats: SpecStats | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.generate_time_s if self.generate_time_s > 0 else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """tau over the whole run (tokens per base forward, EOS included); None without speculation."""
+        return None if self.spec_stats is None else self.spec_stats.mean_accepted_length
 
 
 @dataclass(frozen=True)
@@ -152,7 +194,9 @@ def distill(
     seed: int = 0,
     progress: bool = True,
     use_chat_template: bool = True,
-) -> int:
+    decoder: SpecDecoder | None = None,
+    decoder_options: Mapping[str, Any] | None = None,
+) -> DistillResult:
     """Generate the base's own response to every prompt not yet in ``out_path`` and append the records.
 
     Args:
@@ -162,64 +206,103 @@ def distill(
         out_path: the JSONL output; an existing file is resumed (see the module docstring).
         max_new_tokens: at most this many generated tokens per response.
         temperature: 0 is greedy; otherwise sampled with ``top_p`` / ``top_k`` (0 disables top-k).
-        batch_size: prompts per ``generate`` call (left-padded).
+        batch_size: prompts per ``generate`` call (left-padded without a decoder; rows of their own length with one).
         seed: with ``id``, seeds each record's sampling generator.
         progress: show a tqdm bar over the prompts.
         use_chat_template: render plain prompts with the tokenizer's chat template when it has one.
+        decoder: a :class:`~specheads.inference.decoder.SpecDecoder` wrapping ``base_model`` itself (e.g.
+            ``SpecDecoder.from_pretrained(base_model, heads=...)``): batches are decoded speculatively, which at
+            temperature 0 writes the same file faster (see the module docstring for sampling). None: transformers'
+            ``generate``.
+        decoder_options: further keyword arguments of ``decoder.generate`` (``tree``, ``num_speculative_tokens``,
+            ...); the sampling settings, seeds and stop tokens are distill's own.
 
     Returns:
-        The number of records written by this call.
+        A :class:`DistillResult`: records written by this call, tokens, generation time and, with a decoder, tau.
     """
     params = check_settings(max_new_tokens, batch_size, temperature, top_p, top_k)
+    options = _check_decoder(base_model, decoder, decoder_options)
     check_unique_ids(prompts)
     out_path = Path(out_path)
     finished = read_finished(out_path)
     todo = [prompt for prompt in prompts if prompt.id not in finished]
     stop_ids = _stop_token_ids(base_model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop_ids or [None])[0]
-    if pad_id is None:
+    if pad_id is None and decoder is None:
         raise ValueError("the tokenizer has neither a pad token nor an EOS token to pad batches with")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = len(prompts) - len(todo)
     bar = tqdm(total=len(prompts), initial=done, desc="distill", unit="prompt", disable=not progress)
-    written = 0
+    result = DistillResult(spec_stats=None if decoder is None else SpecStats())
     with out_path.open("a", encoding="utf-8") as handle, bar:
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
             inputs = [_model_input(prompt, tokenizer, use_chat_template) for prompt in batch]
-            sampler = None if params.greedy else PerRowSampler(params, [record_seed(seed, p.id) for p in batch])
-            new_tokens = _generate_batch(
-                base_model, tokenizer, inputs, max_new_tokens, stop_ids, pad_id, sampler, [p.id for p in batch]
-            )
+            encoded = [
+                _encode(tokenizer, model_input, prompt.id) for model_input, prompt in zip(inputs, batch, strict=True)
+            ]
+            seeds = None if params.greedy else [record_seed(seed, prompt.id) for prompt in batch]
+            tick = time.perf_counter()
+            if decoder is None:
+                sampler = None if seeds is None else PerRowSampler(params, seeds)
+                new_tokens = _generate_batch(base_model, encoded, max_new_tokens, stop_ids, pad_id, sampler)
+            else:
+                new_tokens, stats = _speculate_batch(decoder, encoded, max_new_tokens, stop_ids, params, seeds, options)
+                result.spec_stats = result.spec_stats.merge(stats)
+            result.generate_time_s += time.perf_counter() - tick
             for prompt, model_input, tokens in zip(batch, inputs, new_tokens, strict=True):
                 response = tokenizer.decode(tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False)
                 handle.write(json.dumps(_record(prompt, model_input, response), ensure_ascii=False) + "\n")
             handle.flush()  # a crash loses at most this batch
             os.fsync(handle.fileno())
-            written += len(batch)
+            result.written += len(batch)
+            result.new_tokens += sum(len(tokens) for tokens in new_tokens)
             bar.update(len(batch))
-    return written
+    return result
+
+
+_DISTILL_OWN_OPTIONS = frozenset({"temperature", "top_p", "top_k", "seed", "eos_token_id", "batch_size"})
+
+
+def _check_decoder(
+    base_model: PreTrainedModel, decoder: SpecDecoder | None, decoder_options: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The decoder must decode ``base_model`` itself: distillation data are that model's outputs, nobody else's."""
+    options = dict(decoder_options or {})
+    if decoder is None:
+        if options:
+            raise ValueError(f"decoder_options {sorted(options)} need a decoder")
+        return options
+    if decoder.model is not base_model:
+        raise ValueError(
+            "the decoder wraps another model than base_model; build it on the same object, e.g. "
+            "SpecDecoder.from_pretrained(base_model, heads=...)"
+        )
+    clashes = sorted(_DISTILL_OWN_OPTIONS & set(options))
+    if clashes:
+        raise ValueError(f"decoder_options may not set {clashes}: distill sets them from its own arguments")
+    return options
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, model_input: _ModelInput, prompt_id: str) -> list[int]:
+    """A prompt's token ids: a chat template renders the special tokens (BOS, ...) itself, a plain prompt gets the
+    tokenizer's."""
+    token_ids = tokenizer(model_input.text, add_special_tokens=not model_input.templated)["input_ids"]
+    if not token_ids:
+        raise ValueError(f"prompt {prompt_id!r} encodes to no tokens")
+    return token_ids
 
 
 @torch.inference_mode()
 def _generate_batch(
     model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    inputs: Sequence[_ModelInput],
+    encoded: Sequence[list[int]],
     max_new_tokens: int,
     stop_ids: list[int],
     pad_id: int,
     sampler: LogitsProcessor | None,
-    ids: Sequence[str],
 ) -> list[list[int]]:
-    """One left-padded ``generate`` call; returns each row's new tokens, cut before the first stop token."""
-    encoded = []
-    for model_input, prompt_id in zip(inputs, ids, strict=True):
-        # A chat template renders the special tokens (BOS, ...) itself; a plain prompt gets the tokenizer's.
-        token_ids = tokenizer(model_input.text, add_special_tokens=not model_input.templated)["input_ids"]
-        if not token_ids:
-            raise ValueError(f"prompt {prompt_id!r} encodes to no tokens")
-        encoded.append(token_ids)
+    """One left-padded transformers ``generate`` call; returns each row's new tokens, cut before the first stop."""
     width = max(len(token_ids) for token_ids in encoded)
     input_ids = torch.tensor([[pad_id] * (width - len(t)) + t for t in encoded], device=model.device)  # [B, T]
     attention_mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in encoded], device=model.device)
@@ -238,6 +321,33 @@ def _generate_batch(
         return_dict_in_generate=False,
     )
     return [_cut_at_stop(row.tolist(), stop_ids) for row in output[:, width:]]  # [B, new] -> lists
+
+
+def _speculate_batch(
+    decoder: SpecDecoder,
+    encoded: Sequence[list[int]],
+    max_new_tokens: int,
+    stop_ids: list[int],
+    params: SamplingParams,
+    seeds: list[int] | None,
+    options: Mapping[str, Any],
+) -> tuple[list[list[int]], SpecStats]:
+    """One batched speculative ``generate`` call; each row's new tokens cut before the first stop, and the totals.
+
+    Rows keep their own lengths (no padding) and each is seeded with its record's seed, so a row draws what it would
+    draw alone.
+    """
+    out = decoder.generate(
+        list(encoded),
+        max_new_tokens=max_new_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        seed=seeds,
+        eos_token_id=stop_ids,  # [] (no stop token) stops nothing, as in the plain path
+        **options,
+    )
+    return [_cut_at_stop(row.new_tokens, stop_ids) for row in out], out.stats
 
 
 def _stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:

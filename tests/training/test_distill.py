@@ -1,4 +1,5 @@
-"""Self-distillation: the base's own greedy outputs, batched; resuming; sampling reproducibility; bad input."""
+"""Self-distillation: the base's own greedy outputs, batched; resuming; sampling reproducibility; bad input; the same
+files written faster by the speculative engine (EAGLE heads, a draft model)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import logging
 
 import pytest
 import torch
-from helpers import tiny_model, tiny_tokenizer
+from helpers import base_samples, tiny_model, tiny_tokenizer, train_eagle_head
 
+from specheads import SpecDecoder
 from specheads.cli import main
 from specheads.prompts import load_prompts
 from specheads.training.distill import distill
@@ -112,7 +114,7 @@ def test_library_call_with_chat_template_and_conversations(setup, tmp_path) -> N
     prompts_file.write_text(json.dumps({"prompt": "def f"}) + "\n" + json.dumps({"conversations": conversation}))
     prompts = load_prompts(prompts_file, tokenizer)
     out = tmp_path / "chat.jsonl"
-    assert distill(model, tokenizer, prompts, out, max_new_tokens=MAX_NEW, batch_size=2, progress=False) == 2
+    assert distill(model, tokenizer, prompts, out, max_new_tokens=MAX_NEW, batch_size=2, progress=False).written == 2
     plain, chat = read(out)
     assert plain["prompt"] == "user: def f\nassistant: "
     assert plain["conversations"] == [{"from": "human", "value": "def f"}, {"from": "gpt", "value": plain["response"]}]
@@ -120,6 +122,91 @@ def test_library_call_with_chat_template_and_conversations(setup, tmp_path) -> N
     assert chat["prompt"] == "user: hi\nassistant: yo\nuser: x\nassistant: "
     assert chat["conversations"] == [*conversation, {"from": "gpt", "value": chat["response"]}]
     assert all(r["text"] == r["prompt"] + r["response"] for r in (plain, chat))
+
+
+@pytest.fixture(scope="module")
+def drafters(setup):
+    """``--heads`` and ``--draft-model`` arguments: trained EAGLE-3 heads (partial acceptance) and a draft model with
+    the base's weights (every draft accepted), saved next to the base."""
+    root, model, _ = setup
+    train_eagle_head(model, base_samples(model, rows=8, new_tokens=40), steps=60).save_pretrained(root / "eagle")
+    tiny_model("llama", seed=1).save_pretrained(root / "draft")
+    tiny_tokenizer().save_pretrained(root / "draft")
+    return {"heads": ["--heads", str(root / "eagle")], "draft": ["--draft-model", str(root / "draft")]}
+
+
+@pytest.mark.parametrize("drafter", ["heads", "draft"])
+@pytest.mark.parametrize("batch_size", ["1", "4"])
+def test_speculative_greedy_file_equals_plain_file(setup, drafters, tmp_path, capsys, drafter, batch_size) -> None:
+    root, _, _ = setup
+    plain, speculative = tmp_path / "plain.jsonl", tmp_path / "speculative.jsonl"
+    assert run(root, plain, "--batch-size", batch_size) == 0
+    assert "tau" not in capsys.readouterr().out
+    assert run(root, speculative, "--batch-size", batch_size, *drafters[drafter]) == 0
+    printed = capsys.readouterr().out
+    assert "tokens/s, tau" in printed and float(printed.split("tau ")[1].split()[0]) > 1.0  # drafts were accepted
+    assert speculative.read_bytes() == plain.read_bytes()
+
+
+def test_speculative_resume_and_tree(setup, drafters, tmp_path) -> None:
+    root, _, _ = setup
+    plain, resumed = tmp_path / "plain.jsonl", tmp_path / "resumed.jsonl"
+    assert run(root, plain, "--batch-size", "4") == 0
+    assert run(root, resumed, "--batch-size", "2", "--limit", "3", *drafters["heads"], "--tree", "chain-2") == 0
+    assert run(root, resumed, "--batch-size", "3", *drafters["draft"], "--num-speculative-tokens", "3") == 0
+    assert resumed.read_bytes() == plain.read_bytes()
+
+
+@pytest.mark.parametrize("drafter", ["heads", "draft"])
+def test_speculative_sampling_is_reproducible_across_batches_and_resuming(setup, drafters, tmp_path, drafter) -> None:
+    root, _, _ = setup
+    sampled = ["--temperature", "1.0", "--top-k", "50", "--seed", "7", *drafters[drafter]]
+    one_shot, resumed = tmp_path / "one-shot.jsonl", tmp_path / "resumed.jsonl"
+    assert run(root, one_shot, "--batch-size", "4", *sampled) == 0
+    assert run(root, resumed, "--batch-size", "1", "--limit", "3", *sampled) == 0
+    assert run(root, resumed, "--batch-size", "3", *sampled) == 0
+    assert {r["id"]: r for r in read(resumed)} == {r["id"]: r for r in read(one_shot)}
+
+
+def test_library_call_with_a_decoder(setup, tmp_path) -> None:
+    _, model, tokenizer = setup
+    prompts = load_prompts(setup[0] / "prompts.jsonl", tokenizer)
+    plain, speculative = tmp_path / "plain.jsonl", tmp_path / "speculative.jsonl"
+    settings = dict(max_new_tokens=MAX_NEW, batch_size=3, progress=False)
+    result = distill(model, tokenizer, prompts, plain, **settings)
+    assert result.spec_stats is None and result.mean_accepted_length is None and result.new_tokens > 0
+    decoder = SpecDecoder.from_pretrained(model, draft_model=tiny_model("llama", seed=1), tokenizer=tokenizer)
+    result = distill(
+        model, tokenizer, prompts, speculative, decoder=decoder, decoder_options={"tree": "chain-4"}, **settings
+    )
+    assert result.written == len(PROMPTS) and result.mean_accepted_length > 1.0
+    assert speculative.read_bytes() == plain.read_bytes()
+    with pytest.raises(ValueError, match="wraps another model"):
+        distill(tiny_model("llama", seed=1), tokenizer, prompts, tmp_path / "x.jsonl", decoder=decoder, **settings)
+    with pytest.raises(ValueError, match="may not set"):
+        distill(model, tokenizer, prompts, tmp_path / "x.jsonl", decoder=decoder, decoder_options={"seed": 1})
+    with pytest.raises(ValueError, match="need a decoder"):
+        distill(model, tokenizer, prompts, tmp_path / "x.jsonl", decoder_options={"tree": "chain-2"})
+
+
+def test_heads_and_draft_model_together_are_refused(setup, drafters, tmp_path, capsys) -> None:
+    root, _, _ = setup
+    with pytest.raises(SystemExit) as error:
+        run(root, tmp_path / "out.jsonl", *drafters["heads"], *drafters["draft"])
+    assert error.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_medusa2_heads_are_refused(setup, tmp_path, capsys) -> None:
+    """Medusa-2 heads decode the base with their LoRA adapter merged: the data would not be the base's own."""
+    from specheads.heads import MedusaHeads
+
+    root, model, _ = setup
+    MedusaHeads.from_base(model, num_heads=2).save_pretrained(tmp_path / "heads")
+    (tmp_path / "heads" / "adapter").mkdir()
+    assert run(root, tmp_path / "out.jsonl", "--heads", str(tmp_path / "heads")) == 2
+    assert "Medusa-2 heads" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -132,6 +219,7 @@ def test_library_call_with_chat_template_and_conversations(setup, tmp_path) -> N
         ([], "", "holds no prompts"),
         ([], '{"prompt": "a"}\nnot json\n', "prompts.jsonl:2"),
         ([], '{"id": "q", "prompt": "a"}\n{"id": "q", "prompt": "b"}\n', "'q' appears more than once"),
+        (["--tree", "chain-2"], None, "--tree and --num-speculative-tokens need --heads or --draft-model"),
     ],
 )
 def test_bad_input_exits_2(setup, tmp_path, capsys, extra, prompts, message) -> None:
