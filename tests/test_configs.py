@@ -11,8 +11,9 @@ from specheads.inference.trees import TREES_DIR, available_trees, resolve_tree
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def test_trees_dir_is_the_repository_configs() -> None:
-    assert TREES_DIR == CONFIGS / "trees"
+def test_trees_are_package_data_and_configs_trees_shows_them() -> None:
+    assert Path(__file__).resolve().parents[1] / "specheads" / "trees" == TREES_DIR
+    assert (CONFIGS / "trees").resolve() == TREES_DIR
     assert available_trees()
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-TREES_DIR = Path(__file__).resolve().parents[2] / "configs" / "trees"
+TREES_DIR = Path(__file__).resolve().parents[1] / "trees"  # package data (configs/trees links here in the repository)
 _CHAIN_RE = re.compile(r"^chain-(\d+)$")
 _DYNAMIC_RE = re.compile(r"^dynamic-(\d+)-(\d+)-(\d+)$")
 

@@ -1,0 +1,55 @@
+"""The package installed from a wheel (not the repository checkout) finds everything it reads at run time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_a_wheel_install_generates_with_a_named_tree(tmp_path) -> None:
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    [wheel] = tmp_path.glob("specheads-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"specheads/trees/binary-7.json", "specheads/assets/default/eagle3/config.json"} <= names
+    target = tmp_path / "site"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    # Run from an empty folder with only the installed copy first on the path: the checkout cannot be read.
+    env = {**os.environ, "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    code = (
+        "import specheads, sys; from specheads.cli import main; "
+        f"assert specheads.__file__.startswith({str(target)!r}), specheads.__file__; "
+        "sys.exit(main(['generate', '--base', 'default', '--heads', 'default', '--tree', 'binary-7', "
+        "'--max-new-tokens', '8', '--stats', 'def add(a, b):']))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "tau" in run.stdout + run.stderr
