@@ -191,15 +191,24 @@ def alpha(
     generator: torch.Generator | None,
     options: AcceptanceOptions,
 ) -> AcceptResult:
-    """Accept a drafted token x when ``q(x) >= alpha * p(x)``, exactly as the design notes state it (lossy).
+    """Accept a drafted token x when ``q(x) >= alpha * p(x)`` (lossy), with q the draft's probability of its token.
 
-    q is the draft's probability of its own token; for a deterministic drafter q(x) = 1, so every draft passes: the
-    rule only discriminates with a drafter that reports probabilities (the draft model). The next token is the
-    verifier's.
+    Only a drafter that reports its probabilities (the draft model at temperature > 0) can be judged this way. A
+    deterministic proposal (heads' top-k, prompt lookup, greedy drafts) has q(x) = 1, which would pass every draft
+    unverified, so it is refused. The next token is the verifier's.
+
+    Raises:
+        ValueError: ``q`` is None.
     """
+    if q is None and tree.num_nodes:
+        raise ValueError(
+            "acceptance='alpha' compares the draft's probability of each token with the base's; these drafts carry "
+            "no draft probabilities (deterministic proposals would all pass unverified). Use it with a draft model "
+            "at temperature > 0, or use 'typical' or 'threshold'"
+        )
     p = _criterion_probs(p_logits, sampling)
     parents = torch.tensor(tree.parents[1:], dtype=torch.long, device=p_logits.device)
-    q_x = torch.ones(tree.num_nodes, device=p.device) if q is None else q[:, :].gather(1, tokens[1:, None])[:, 0]
+    q_x = q[:, :].gather(1, tokens[1:, None])[:, 0] if tree.num_nodes else torch.ones(0, device=p.device)
     path = _longest_path(q_x >= options.alpha * p[parents, tokens[1:]], tree)
     return AcceptResult(path, _verifier_token(p_logits, path, sampling, generator))
 

@@ -544,6 +544,12 @@ class SpecDecoder:
             tree=self._resolve_tree(tree) if tree is not None else None,
         )
         self.drafter.check_request(request)
+        if rule == "alpha" and not getattr(self.drafter, "gives_draft_probs", lambda request: False)(request):
+            raise ValueError(
+                f"acceptance='alpha' needs draft probabilities, which method {self.drafter.name!r} does not give at "
+                f"temperature {sampling.temperature} (its proposals are deterministic and would all pass unverified); "
+                "use a draft model at temperature > 0, or 'typical' or 'threshold'"
+            )
         eos = self._eos_ids(kwargs.get("eos_token_id"))
         return _Settings(max_new_tokens, sampling, rule, options, eos, request, kwargs.get("seed"))
 

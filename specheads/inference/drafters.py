@@ -46,7 +46,8 @@ class Drafter(Protocol):
         """Learn that the base accepted ``num_accepted[i]`` drafted tokens of row ``state.rows[i]`` (committed)."""
 
     # Optional: ``keep_rows(state, keep)``: rows left the batch, keep the per-row state of ``keep`` (indices into
-    # the previous ``state.rows``); ``max_nodes(request) -> int``: the largest tree a request can verify.
+    # the previous ``state.rows``); ``max_nodes(request) -> int``: the largest tree a request can verify;
+    # ``gives_draft_probs(request) -> bool``: whether proposals carry draft probabilities (needed by "alpha").
 
 
 def chain_proposal(drafts: torch.Tensor, draft_probs: torch.Tensor | None = None) -> Proposal:
@@ -170,6 +171,10 @@ class DraftModelDrafter:
 
     def max_nodes(self, request: DraftRequest) -> int:
         return _chain_length(request, self.num_speculative_tokens)
+
+    def gives_draft_probs(self, request: DraftRequest) -> bool:
+        """The draft samples (and reports q) at temperature > 0; at temperature 0 it proposes its argmax."""
+        return not request.sampling.greedy
 
     def reset(self, state: DecodeState) -> None:
         capacity = state.tokens.shape[1] + 2 * self.num_speculative_tokens + 2

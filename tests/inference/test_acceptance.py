@@ -267,13 +267,12 @@ def test_alpha_criterion(token: int, alpha: float, accepted: bool) -> None:
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["T0", "T1"])
-def test_alpha_without_q_accepts_every_draft(sampling: SamplingParams) -> None:
-    # Documented behaviour: a deterministic drafter counts as q(x) = 1 >= alpha * p(x), so every draft passes, even
-    # where the base disagrees with all of them. The rule only discriminates with draft probabilities.
+def test_alpha_without_draft_probabilities_is_refused(sampling: SamplingParams) -> None:
+    # A deterministic drafter would count as q(x) = 1 >= alpha * p(x): every draft would pass, even where the base
+    # disagrees with all of them. The rule is refused instead of emitting drafts unverified.
     p_logits = peaked_logits([4, 6, 1, 2])
-    result = accept("alpha", p_logits, CHAIN_TOKENS, resolve_tree("chain-3"), sampling)
-    assert result.path == [1, 2, 3]
-    assert result.next_token == 2
+    with pytest.raises(ValueError, match="no draft probabilities"):
+        accept("alpha", p_logits, CHAIN_TOKENS, resolve_tree("chain-3"), sampling)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -337,7 +336,7 @@ def test_chi_square_check_detects_a_lossy_rule() -> None:
     counts = torch.zeros(4, dtype=torch.long)
     for _ in range(2000):
         tokens = [0, int(torch.multinomial(Q_DRAFT, 1, generator=generator))]
-        result = accept("alpha", p_logits, tokens, tree, SAMPLED, generator=generator)
+        result = accept("alpha", p_logits, tokens, tree, SAMPLED, q=Q_DRAFT[None], generator=generator)
         counts[_first_token(result, tokens)] += 1
     with pytest.raises(AssertionError):
         _assert_distributed_as(counts, torch.tensor(P_ROOT))
@@ -353,7 +352,7 @@ def test_chi_square_check_detects_a_lossy_rule() -> None:
     ("rule", "sampling", "with_q"),
     [
         *ARGMAX_LIKE,
-        pytest.param("alpha", GREEDY, False, id="alpha-T0"),
+        pytest.param("alpha", GREEDY, True, id="alpha-T0-q"),
         pytest.param("alpha", SAMPLED, True, id="alpha-T1-q"),
     ],
 )

@@ -85,3 +85,22 @@ def test_a_failed_call_leaves_the_decoder_usable(decoder: SpecDecoder, llama) ->
         decoder.generate(PROMPT, max_new_tokens=0)
     out = decoder.generate(PROMPT, max_new_tokens=5)
     assert len(out.new_tokens) == 5
+
+
+def test_alpha_is_refused_for_drafters_without_draft_probabilities(llama) -> None:
+    calls: list[int] = []
+    handle = llama.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        for decoder, kwargs in [
+            (SpecDecoder(llama, PromptLookupDrafter(3)), dict(temperature=1.0)),
+            (SpecDecoder(llama, DraftModelDrafter(llama, 3)), dict(temperature=0.0)),
+        ]:
+            with pytest.raises(ValueError, match="acceptance='alpha' needs draft probabilities"):
+                decoder.generate([5, 6, 7], max_new_tokens=4, acceptance="alpha", **kwargs)
+    finally:
+        handle.remove()
+    assert not calls
+    out = SpecDecoder(llama, DraftModelDrafter(llama, 3)).generate(
+        [5, 6, 7], max_new_tokens=4, acceptance="alpha", temperature=1.0, seed=0
+    )
+    assert len(out.new_tokens) == 4
