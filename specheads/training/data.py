@@ -56,7 +56,8 @@ _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "ass
 _FOLDER_SUFFIXES = {"jsonl": (".jsonl",), "sharegpt": (".json", ".jsonl")}
 _SENTINEL = "SpecheadsSentinel7f3a"  # stands in for an assistant message to find the template's header and end marker
 _COLUMNS = ["input_ids", "attention_mask", "loss_mask"]
-# Compact storage (ids < 2**31, masks 0/1); a collator builds int64 tensors from them.
+# Compact storage (ids < 2**31, masks 0/1); the trainer reads them with with_format("torch") and the train steps
+# cast ids to int64 where torch needs them.
 _FEATURES = datasets.Features(
     {
         "input_ids": datasets.List(datasets.Value("int32")),
