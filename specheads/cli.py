@@ -18,6 +18,19 @@ if TYPE_CHECKING:
     from specheads import SpecDecoder
 
 METHOD_CHOICES = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (0 or a negative count is an error, never silently something else)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 FORMAT_CHOICES = ("eagle3", "speculators", "eagle", "medusa")
 
 
@@ -29,13 +42,14 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
     parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
-    parser.add_argument("--draft-model", help="draft model sharing the base's tokenizer (method 'draft')")
-    parser.add_argument(
+    drafter = parser.add_mutually_exclusive_group()
+    drafter.add_argument("--draft-model", help="draft model sharing the base's tokenizer (method 'draft')")
+    drafter.add_argument(
         "--heads",
         help="head checkpoint directory (Medusa or EAGLE; 'default' with --base default: the shipped EAGLE-3)",
     )
     parser.add_argument("--method", choices=METHOD_CHOICES, help="drafting method (inferred when omitted)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -47,9 +61,12 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tree-top-k", type=int, help="dynamic tree: nodes expanded per depth")
     parser.add_argument("--depth", type=int, help="dynamic tree: draft levels")
     parser.add_argument("--total-tokens", type=int, help="dynamic tree: drafted nodes verified per step")
-    parser.add_argument("--num-speculative-tokens", type=int, help="K drafted tokens per step (chain drafters)")
+    parser.add_argument(
+        "--num-speculative-tokens", type=positive_int, help="K drafted tokens per step (chain drafters)"
+    )
     parser.add_argument("--seed", type=int)
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: where the model loads)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--stats", action="store_true", help="print tau, acceptance by depth and timings")
     parser.add_argument("--json", action="store_true", help="print one JSON object (text and statistics)")
     parser.set_defaults(handler=_generate)
@@ -58,6 +75,7 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
 def _generate(args: argparse.Namespace) -> int:
     from specheads import SpecDecoder
 
+    _set_threads(args.threads)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     decoder = SpecDecoder.from_pretrained(
         args.base,
@@ -120,9 +138,9 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--tokenizer", help="tokenizer (default: the base's)")
     parser.add_argument("--prompts", help="JSONL prompts file (default with --base default: the shipped prompts)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--limit", type=int, help="use the first N prompts")
-    parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts (more: less noise)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
+    parser.add_argument("--limit", type=positive_int, help="use the first N prompts")
+    parser.add_argument("--repeats", type=positive_int, default=1, help="passes over the prompts (more: less noise)")
     parser.add_argument(
         "--batch-size",
         type=int,
@@ -133,9 +151,11 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
         "transformers' batched greedy generate at the same B (hf-assisted and hf-prompt-lookup run at 1 only)",
     )
     parser.add_argument("--draft-k", default="1,3,5,8", help="comma-separated K values for draft-k* rows")
-    parser.add_argument("--lookup-k", type=int, default=10, help="tokens per prompt-lookup proposal (both sides)")
+    parser.add_argument(
+        "--lookup-k", type=positive_int, default=10, help="tokens per prompt-lookup proposal (both sides)"
+    )
     parser.add_argument("--methods", help="comma-separated subset of methods (hf-greedy always runs)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", help="cpu, cuda, ...")
     parser.add_argument("--out", required=True, help="output directory")
     parser.set_defaults(handler=_bench)
@@ -154,6 +174,10 @@ def _bench(args: argparse.Namespace) -> int:
     )
     from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
     from specheads.prompts import load_prompts
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():  # checked before the benchmark runs, not after
+        raise ValueError(f"--out {out} is a file; give a directory for report.json, report.md and speedup.png")
 
     _set_threads(args.threads)
     if args.max_new_tokens < 1:
@@ -244,9 +268,9 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
         "show that the texts are "
         "identical and print tau, tokens/s and speed-ups.",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--prompt-index", type=int, default=0, help="which shipped held-out prompt to complete")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     parser.set_defaults(handler=_demo)
 
 
@@ -296,9 +320,11 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
     )
     drafter.add_argument("--draft-model", help="speculate with this draft model (sharing the base's tokenizer)")
     parser.add_argument("--tree", help="speculation: the tree ('chain-K', a name, a JSON file, 'auto', 'dynamic')")
-    parser.add_argument("--num-speculative-tokens", type=int, help="speculation: K drafted tokens per step (chains)")
+    parser.add_argument(
+        "--num-speculative-tokens", type=positive_int, help="speculation: K drafted tokens per step (chains)"
+    )
     parser.add_argument("--out", required=True, help="output JSONL file (appended to when it exists)")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
@@ -306,10 +332,10 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
         "--batch-size", type=int, default=8, help="prompts per generate call (left-padded without speculation)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds sampling, per record with its id")
-    parser.add_argument("--limit", type=int, help="use the first N prompts")
+    parser.add_argument("--limit", type=positive_int, help="use the first N prompts")
     parser.add_argument("--no-chat-template", action="store_true", help="give plain prompts to the base as they are")
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: where the model loads)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     parser.set_defaults(handler=_distill)
 
 
@@ -401,7 +427,7 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-nodes", type=int, default=32, help="largest tree timed")
     parser.add_argument("--prompt-tokens", type=int, default=48, help="held-out prompt length for the timed decodes")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per timed decode")
-    parser.add_argument("--threads", type=int)
+    parser.add_argument("--threads", type=positive_int)
     parser.set_defaults(handler=_calibrate)
 
 
@@ -525,7 +551,7 @@ def _add_export(subparsers: argparse._SubParsersAction) -> None:
         metavar="ENGINE",
         help="serve this engine (repeatable; default: every engine that can serve the heads)",
     )
-    parser.add_argument("--num-speculative-tokens", type=int, help="draft length written for vLLM")
+    parser.add_argument("--num-speculative-tokens", type=positive_int, help="draft length written for vLLM")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default: the heads' dtype")
     parser.add_argument("--check", metavar="DIR", help="check DIR against the engines' loading rules instead")
     parser.set_defaults(handler=_export)
@@ -587,8 +613,11 @@ def _set_threads(threads: int | None) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``specheads`` command."""
+    from specheads import __version__
+
     parser = argparse.ArgumentParser(prog="specheads", description="Lossless speculative decoding for transformers.")
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"specheads {__version__}")
+    subparsers = parser.add_subparsers(dest="command")
     _add_generate(subparsers)
     _add_bench(subparsers)
     _add_demo(subparsers)
@@ -602,7 +631,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``specheads`` console script."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # a bare `specheads`: the help, not an error about a missing argument
+        parser.print_help()
+        return 2
     try:
         return args.handler(args)
     except (ValueError, FileNotFoundError, NotImplementedError) as error:

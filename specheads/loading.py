@@ -24,10 +24,14 @@ def load_causal_lm(
         device: where to put the model (None: leave it where it is loaded).
         role: ``"base"`` or ``"draft"``: which part of the embedded default ``"default"`` names.
     """
+    if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for but no CUDA device is available here; use --device cpu")
     if isinstance(model, PreTrainedModel):
         loaded = model
     else:
         path = assets.resolve(str(model), role=role)
+        if str(path).startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
+            raise FileNotFoundError(f"the {role} model folder {path} does not exist")
         loaded = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if device is not None:
         loaded = loaded.to(device)

@@ -106,6 +106,13 @@ class SpecStats:
             "tokens_per_s": self.tokens_per_s,
         }
 
+    def __repr__(self) -> str:
+        """A short form; the per-step lists are in the fields and in :meth:`to_dict`."""
+        return (
+            f"SpecStats(new_tokens={self.new_tokens}, steps={self.steps}, "
+            f"mean_accepted_length={self.mean_accepted_length:.2f}, tokens_per_s={self.tokens_per_s:.1f})"
+        )
+
     def summary(self) -> str:
         rates = ", ".join(f"{r:.2f}" for r in self.acceptance_rate_by_position) or "-"
         return (

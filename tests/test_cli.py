@@ -342,3 +342,44 @@ def test_bench_batched_greedy_counts_each_row_up_to_its_own_eos() -> None:
         assert all(row["matches_greedy"] and row.get("matches_batched_greedy", True) for row in rows), size
         assert rows[0]["new_tokens"] == rows[1]["new_tokens"] < 6 * len(prompts)
     assert len(methods[0].runs[4].outputs[(0, 0)]) == 3
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--base", "default", "--threads", "0", "x"],
+        ["generate", "--base", "default", "--threads", "-1", "x"],
+        ["generate", "--base", "default", "--num-speculative-tokens", "0", "x"],
+        ["generate", "--base", "default", "--heads", "default", "--draft-model", "default", "x"],
+        ["bench", "--base", "default", "--limit", "0", "--out", "o"],
+    ],
+)
+def test_counts_below_one_and_conflicting_drafters_are_usage_errors(argv: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "expected an integer >= 1" in err or "not allowed with argument" in err
+
+
+def test_bare_command_prints_the_help_and_version_works(capsys) -> None:
+    assert main([]) == 2
+    assert "usage: specheads" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("specheads ")
+
+
+def test_missing_local_base_and_cuda_without_a_device_are_named(tmp_path, capsys) -> None:
+    assert main(["generate", "--base", str(tmp_path / "nope"), "x"]) == 2
+    assert f"the base model folder {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
+    if not __import__("torch").cuda.is_available():
+        assert main(["generate", "--base", "default", "--device", "cuda", "x"]) == 2
+        assert "no CUDA device is available here" in capsys.readouterr().err
+
+
+def test_bench_out_naming_a_file_is_refused_before_any_work(tmp_path, capsys) -> None:
+    target = tmp_path / "report"
+    target.write_text("mine")
+    assert main(["bench", "--base", "default", "--limit", "1", "--out", str(target)]) == 2
+    assert "is a file" in capsys.readouterr().err and target.read_text() == "mine"

@@ -185,6 +185,8 @@ class SpecDecoder:
         start = time.perf_counter()
         totals = SpecStats()
         seeds = kwargs.pop("seed", None)
+        if isinstance(seeds, (list, tuple)) and not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+            raise ValueError(f"seed must be an integer (or a list of one per prompt), got {seeds!r}")
         if isinstance(seeds, (list, tuple)) and (not batched or len(seeds) != len(prompts)):
             raise ValueError(f"seed as a list needs one seed per prompt ({len(prompts)}), got {len(seeds)}")
         for first in range(0, len(prompts), size):
@@ -525,6 +527,10 @@ class SpecDecoder:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise TypeError(f"generate() got unknown arguments {unknown}; known: {sorted(known)}")
+        seed = kwargs.get("seed")
+        seeds = seed if isinstance(seed, list) else [seed]
+        if any(s is not None and (isinstance(s, bool) or not isinstance(s, int)) for s in seeds):
+            raise ValueError(f"seed must be an integer (or a list of one per prompt), got {seed!r}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         sampling = SamplingParams(kwargs.get("temperature", 0.0), kwargs.get("top_k", 0), kwargs.get("top_p", 1.0))
@@ -570,6 +576,8 @@ class SpecDecoder:
 
     def _resolve_tree(self, tree: Any) -> Any:
         """Trees are data; ``"auto"`` asks the drafter for the tree calibrated for it."""
+        if isinstance(tree, (list, tuple)) and not tree:
+            raise ValueError("tree=[] drafts nothing; use method 'none' for plain decoding")
         resolve = getattr(self.drafter, "resolve", None)
         if resolve is not None:
             return resolve(tree)

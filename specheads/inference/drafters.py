@@ -339,7 +339,11 @@ class MedusaDrafter:
     def check_request(self, request: DraftRequest) -> None:
         if request.tree is None and request.num_speculative_tokens is not None:
             _check_chain_request(request, self.num_heads)
-        self._check_depth(self._tree(request).max_depth)
+        tree = self._tree(request)
+        self._check_depth(tree.max_depth)
+        vocab = self.heads.config.vocab_size
+        if tree.num_nodes and max(tree.ranks[1:]) >= vocab:
+            raise ValueError(f"the tree asks for rank {max(tree.ranks[1:])} but the vocabulary has {vocab} tokens")
 
     def max_nodes(self, request: DraftRequest) -> int:
         return self._tree(request).num_nodes

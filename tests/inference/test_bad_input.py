@@ -104,3 +104,25 @@ def test_alpha_is_refused_for_drafters_without_draft_probabilities(llama) -> Non
         [5, 6, 7], max_new_tokens=4, acceptance="alpha", temperature=1.0, seed=0
     )
     assert len(out.new_tokens) == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(seed="x"), "seed must be an integer"),
+        (dict(seed=1.5), "seed must be an integer"),
+        (dict(tree=[]), "tree=\\[\\] drafts nothing"),
+    ],
+)
+def test_bad_generate_arguments_are_named(llama, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SpecDecoder(llama, PromptLookupDrafter(3)).generate([5, 6, 7], max_new_tokens=4, **kwargs)
+
+
+def test_a_medusa_tree_wider_than_the_vocabulary_is_named(llama) -> None:
+    from specheads.heads import MedusaHeads
+    from specheads.inference.drafters import MedusaDrafter
+
+    decoder = SpecDecoder(llama, MedusaDrafter(MedusaHeads.from_base(llama, num_heads=2)))
+    with pytest.raises(ValueError, match="rank 9999 but the vocabulary has"):
+        decoder.generate([5, 6, 7], max_new_tokens=4, tree=[[9999]])
