@@ -427,6 +427,7 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-nodes", type=int, default=32, help="largest tree timed")
     parser.add_argument("--prompt-tokens", type=int, default=48, help="held-out prompt length for the timed decodes")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per timed decode")
+    parser.add_argument("--device", help="where to measure: cpu, cuda, cuda:1, ... (tree='auto' is per machine)")
     parser.add_argument("--threads", type=positive_int)
     parser.set_defaults(handler=_calibrate)
 
@@ -457,7 +458,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     data = args.data or (["default-corpus:heldout"] if args.base == "default" else [])
     if not data:
         raise ValueError("--data is required unless --base default")
-    base = load_causal_lm(args.base)
+    base = load_causal_lm(args.base, device=args.device)
     if args.heads == "default":
         raise ValueError(
             "the shipped default heads are calibrated when shipped and their files are hash-checked; copy "
@@ -504,7 +505,11 @@ def _calibrate(args: argparse.Namespace) -> int:
         "verify_ms_by_query_tokens": step_ms,
         "agreement_by_rank": agreement["agreement_by_rank"],
         "candidates": best.candidates,
-        "machine": {"processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "machine": {
+            "processor": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "device": str(base.get_output_embeddings().weight.device),
+        },
     }
     (Path(args.heads) / "tree.json").write_text(json.dumps(record, indent=2) + "\n")
     print("verify cost (ms by query tokens): " + ", ".join(f"{q}: {ms:.1f}" for q, ms in step_ms.items()))

@@ -121,11 +121,13 @@ def eagle_agreement(
         "agreement_by_rank": [D][RANKS], "positions": [D]}``.
     """
     ranks = min(RANKS, head.config.draft_vocab_size)
-    by_rank = torch.zeros(depth, ranks)
-    agree, top5, correct, counts = (torch.zeros(depth) for _ in range(4))
+    device = base.get_output_embeddings().weight.device  # batches may come from a CPU loader
+    by_rank = torch.zeros(depth, ranks, device=device)
+    agree, top5, correct, counts = (torch.zeros(depth, device=device) for _ in range(4))
     for index, batch in enumerate(batches):
         if max_batches is not None and index >= max_batches:
             break
+        batch = {key: value.to(device) for key, value in batch.items() if isinstance(value, torch.Tensor)}
         input_ids = batch["input_ids"].long()
         valid_tokens = batch["loss_mask"].bool() & batch["attention_mask"].bool()
         features, out = base_features(base, head, batch)

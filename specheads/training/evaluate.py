@@ -35,14 +35,16 @@ def head_agreement(
     for index, batch in enumerate(batches):
         if max_batches is not None and index >= max_batches:
             break
+        device = base.get_output_embeddings().weight.device  # batches may come from a CPU loader
+        batch = {key: value.to(device) for key, value in batch.items() if isinstance(value, torch.Tensor)}
         input_ids = batch["input_ids"].long()
         out = base(input_ids=input_ids, attention_mask=batch["attention_mask"], output_hidden_states=True)
         base_choice = out.logits.argmax(dim=-1)  # [B, T]: the base's token for position t + 1
         head_logits = heads(out.hidden_states[-1].to(next(heads.parameters()).dtype))  # [K, B, T, V]
         num_heads, length = head_logits.shape[0], input_ids.shape[1]
         if agree is None:
-            agree, top5, correct, counts = (torch.zeros(num_heads) for _ in range(4))
-            by_rank = torch.zeros(num_heads, min(RANKS, head_logits.shape[-1]))
+            agree, top5, correct, counts = (torch.zeros(num_heads, device=device) for _ in range(4))
+            by_rank = torch.zeros(num_heads, min(RANKS, head_logits.shape[-1]), device=device)
         for head in range(num_heads):
             shift = head + 2  # head k at position t predicts token t + 2 + k
             span = length - shift
@@ -66,6 +68,7 @@ def agreement_summary(
     agree: torch.Tensor, top5: torch.Tensor, correct: torch.Tensor, by_rank: torch.Tensor, counts: torch.Tensor
 ) -> dict[str, list[float] | list[list[float]] | list[int]]:
     """Counts per depth (``[D]``, ``by_rank [D, R]``) turned into the rates every head type's evaluation reports."""
+    agree, top5, correct, by_rank, counts = (t.float().cpu() for t in (agree, top5, correct, by_rank, counts))
     denominator = counts.clamp_min(1)
     return {
         "agreement_with_base_greedy": (agree / denominator).tolist(),

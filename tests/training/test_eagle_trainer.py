@@ -305,3 +305,22 @@ def test_layer_ids_outside_the_base_are_a_clear_error_at_setup(workspace, tmp_pa
     with pytest.raises(ValueError, match=r"layer_ids \[0, 1, 99\].*in \[0, 3\].*4 decoder layers"):
         train(config)
     assert not (tmp_path / "far" / "checkpoints").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_held_out_evaluation_runs_on_the_device_with_batches_from_a_cpu_loader() -> None:
+    from helpers import base_samples, tiny_model
+
+    from specheads.heads import EagleHead, MedusaHeads
+    from specheads.training.eagle import eagle_agreement
+    from specheads.training.evaluate import head_agreement
+
+    base = tiny_model("llama", layers=4).cuda()
+    rows = base_samples(base.cpu()).cpu()
+    base.cuda()
+    batches = [{"input_ids": rows, "attention_mask": torch.ones_like(rows), "loss_mask": torch.ones_like(rows)}]
+    medusa = MedusaHeads.from_base(base, num_heads=2)
+    eagle = EagleHead.from_base(base, version=3)
+    assert len(head_agreement(base, medusa, batches)["agreement_with_base_greedy"]) == 2
+    assert eagle_agreement(base, eagle, batches, max_batches=1)["positions"][0] > 0
