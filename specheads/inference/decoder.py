@@ -320,7 +320,7 @@ class SpecDecoder:
             if batch == 1:
                 mask = None
             else:
-                mask = kv_cache.step_mask([0] * batch, [_causal(n, device) for n in counts], width, device)
+                mask = kv_cache.step_mask([0] * batch, [kv_cache.causal(n, device) for n in counts], width, device)
             out = self._forward(
                 tokens[:, :width], cache, mask, torch.arange(width, device=device)[None].expand(batch, -1)
             )
@@ -643,10 +643,6 @@ def _truncated(proposal: Proposal | None, max_depth: int) -> Proposal | None:
     count = tree.num_nodes
     probs = None if proposal.draft_probs is None else proposal.draft_probs[:, :count]
     return Proposal(proposal.tokens[:, :count], tree, probs)
-
-
-def _causal(size: int, device: torch.device) -> torch.Tensor | None:
-    return torch.ones(size, size, dtype=torch.bool, device=device).tril() if size else None
 
 
 def _tree_mask(tree_mask: torch.Tensor, prefix_len: int, device: torch.device) -> torch.Tensor:

@@ -244,7 +244,7 @@ class DraftModelDrafter:
         if len(feeds) == 1:
             mask = None  # one row: the model's own causal mask over the cache is the same
         else:
-            inner = [torch.ones(c, c, dtype=torch.bool).tril() for c in counts]
+            inner = [kv_cache.causal(c) for c in counts]
             mask = kv_cache.step_mask(lengths, inner, width, device)
         out = self.model(
             input_ids=input_ids,

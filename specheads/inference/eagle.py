@@ -178,7 +178,7 @@ class EagleDrafter:
             start = draft.consumed[i]
             input_ids[i, :count] = state.tokens[row, start + 1 : start + 1 + count]  # token t + 1 of pair t
         lengths = kv_cache.row_lengths(draft.cache)
-        inner = [torch.ones(c, c, dtype=torch.bool).tril() if c else None for c in counts]
+        inner = [kv_cache.causal(c) for c in counts]
         mask = kv_cache.step_mask(lengths, inner, width, device)
         positions = torch.tensor(draft.consumed, device=device)[:, None] + torch.arange(width, device=device)[None]
         hidden = self.head.step(input_ids, draft.pending[:, :width], positions, mask, draft.cache)  # [A, W, H]

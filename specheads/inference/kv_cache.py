@@ -176,7 +176,6 @@ def step_mask(
     width = max(lengths) + count
     batch = len(lengths)
     mask = torch.zeros(batch, count, width, dtype=torch.bool, device=device)
-    columns = torch.arange(width, device=device)
     for row, (length, own) in enumerate(zip(lengths, inner, strict=True)):
         size = 0 if own is None else own.shape[0]
         mask[row, :size, :length] = True
@@ -184,8 +183,12 @@ def step_mask(
             mask[row, :size, length : length + size] = own.to(device)
         padding = torch.arange(size, count, device=device)
         mask[row, padding, length + padding] = True
-    del columns
     return mask[:, None]
+
+
+def causal(size: int, device: torch.device | str | None = None) -> torch.Tensor | None:
+    """``[size, size]`` lower-triangular bool: the ``inner`` mask of a plain (ragged) feed; None when nothing is fed."""
+    return torch.ones(size, size, dtype=torch.bool, device=device).tril() if size else None
 
 
 @lru_cache(maxsize=32)

@@ -32,6 +32,26 @@ def _speculators():
     return speculators
 
 
+def _one_step(model, hidden_states: tuple, layers: list[int], ids: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """speculators' one-step draft logits (captured at its lm_head) and tokens from the base's ``hidden_states``.
+
+    speculators pairs the feature of position t with token t + 1 (its collator shifts; forward does not).
+    """
+    captured = {}
+    hook = model.lm_head.register_forward_hook(lambda module, args, output: captured.setdefault("logits", output))
+    try:
+        tokens = model(
+            hidden_states=torch.cat([hidden_states[i] for i in layers], dim=-1)[:, :-1],
+            input_ids=ids[:, 1:],
+            document_ids=torch.zeros_like(ids[:, 1:]),
+            position_ids=torch.arange(ids.shape[1] - 1)[None],
+            ttt_steps=1,
+        )
+    finally:
+        hook.remove()
+    return captured["logits"], tokens
+
+
 @pytest.mark.parametrize("norm_before_residual", [False, True])
 def test_speculators_loads_the_export_and_drafts_the_same_logits(tmp_path, norm_before_residual: bool) -> None:
     speculators = _speculators()
@@ -72,21 +92,8 @@ def test_speculators_loads_the_export_and_drafts_the_same_logits(tmp_path, norm_
     with torch.no_grad():
         hidden_states = base(ids, output_hidden_states=True).hidden_states
         ours = head(ids, [hidden_states[i] for i in head.hidden_state_layers], steps=1)[1][0]  # [1, 11, 48]
-        # speculators pairs the feature of position t with token t + 1 (its collator shifts; forward does not).
-        features = torch.cat([hidden_states[i] for i in (1, 2, 3)], dim=-1)[:, :-1]
-        captured = {}
-        hook = model.lm_head.register_forward_hook(lambda module, args, output: captured.setdefault("logits", output))
-        try:
-            tokens = model(
-                hidden_states=features,
-                input_ids=ids[:, 1:],
-                document_ids=torch.zeros_like(ids[:, 1:]),
-                position_ids=torch.arange(11)[None],
-                ttt_steps=1,
-            )
-        finally:
-            hook.remove()
-    torch.testing.assert_close(captured["logits"], ours, atol=1e-5, rtol=0)
+        logits, tokens = _one_step(model, hidden_states, [1, 2, 3], ids)
+    torch.testing.assert_close(logits, ours, atol=1e-5, rtol=0)
     assert torch.equal(head.to_target(tokens[0].flatten()), head.to_target(ours.argmax(-1).flatten()))
 
 
@@ -139,16 +146,5 @@ def test_a_checkpoint_speculators_writes_imports_into_specheads(tmp_path) -> Non
     with torch.no_grad():
         states = base(ids, output_hidden_states=True).hidden_states
         ours = head(ids, [states[i] for i in (1, 2, 3)], steps=1)[1][0]
-        captured = {}
-        hook = draft.lm_head.register_forward_hook(lambda module, args, output: captured.setdefault("logits", output))
-        try:
-            draft(
-                hidden_states=torch.cat([states[i] for i in (1, 2, 3)], dim=-1)[:, :-1],
-                input_ids=ids[:, 1:],
-                document_ids=torch.zeros_like(ids[:, 1:]),
-                position_ids=torch.arange(9)[None],
-                ttt_steps=1,
-            )
-        finally:
-            hook.remove()
-    torch.testing.assert_close(captured["logits"], ours, atol=1e-5, rtol=0)
+        logits, _ = _one_step(draft, states, [1, 2, 3], ids)
+    torch.testing.assert_close(logits, ours, atol=1e-5, rtol=0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import ARCHITECTURES, base_samples, greedy_reference, tiny_model, train_eagle_head
+from helpers import ARCHITECTURES, _StubDrafter, base_samples, greedy_reference, tiny_model, train_eagle_head
 from scipy.stats import chisquare
 
 from specheads import SpecDecoder
@@ -87,23 +87,13 @@ def test_rows_that_hit_eos_early_stop_and_leave_the_batch() -> None:
     assert batches == sorted(batches, reverse=True)
 
 
-class _HalfOracle:
+class _HalfOracle(_StubDrafter):
     """Even rows get the base's true greedy continuation (all accepted), odd rows wrong tokens (none accepted)."""
 
     name = "half-oracle"
-    hidden_state_layers: tuple[int, ...] = ()
 
     def __init__(self, base, depth: int = 3) -> None:
         self.base, self.depth = base, depth
-
-    def check_request(self, request) -> None:
-        return None
-
-    def reset(self, state) -> None:
-        return None
-
-    def accepted(self, state, num_accepted) -> None:
-        return None
 
     def propose(self, state, request):
         depth = min(self.depth, request.max_depth)
