@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +89,9 @@ def save_checkpoint(directory: str | Path, config: dict[str, Any], state_dict: d
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in state_dict.items()}
-    _atomic_write(directory / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata={"format": "pt"}))
+    atomic_write(directory / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata={"format": "pt"}))
     text = json.dumps({"specheads_version": SPECHEADS_FORMAT_VERSION, **config}, indent=2) + "\n"
-    _atomic_write(directory / CONFIG_NAME, lambda path: Path(path).write_text(text))
+    atomic_write(directory / CONFIG_NAME, lambda path: path.write_text(text))
 
 
 def read_checkpoint(directory: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -139,16 +140,29 @@ def _umask() -> int:
     return mask
 
 
-def _atomic_write(target: Path, write: Any) -> None:
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+def atomic_write(target: str | Path, write: Callable[[Path], Any]) -> None:
+    """Write a file so that ``target`` is either absent, the old file, or the complete new one: never partial.
+
+    The one place where specheads writes checkpoint files (head checkpoints, the trainer's state and recipe files,
+    the pretraining script's checkpoints): ``write(path)`` fills a temporary file in ``target``'s folder, which then
+    gets the permissions a plain new file would get (umask respected) and is renamed onto ``target``. The temporary
+    file is removed if ``write`` raises.
+
+    Args:
+        target: the file to (re)place; its folder must exist.
+        write: called once with the temporary path to write, e.g. ``lambda path: path.write_text(text)``.
+    """
+    target = Path(target)
+    handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(handle)
+    temporary = Path(name)
     try:
         write(temporary)
         os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600 files; a checkpoint is as readable as any file
         os.replace(temporary, target)
     finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+        if temporary.exists():
+            temporary.unlink()
 
 
 def config_from_checkpoint(config_class: type, config: dict[str, Any], where: str, kind: str) -> Any:
