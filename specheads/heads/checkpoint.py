@@ -7,6 +7,7 @@ looks complete.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -178,9 +179,42 @@ def config_from_checkpoint(config_class: type, config: dict[str, Any], where: st
 
 
 def load_module_state(module: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
-    """Load ``tensors`` into ``module`` exactly: a missing or an extra tensor is an error naming both lists."""
+    """Load ``tensors`` into ``module`` exactly: a missing or an extra tensor, or one of another shape, is an error.
+
+    ``module`` was built from the checkpoint's ``config.json``; a tensor of another shape in ``model.safetensors``
+    means the two files disagree (an edited config), and the error names the tensor, both shapes and the config
+    fields whose value is the disagreeing dimension.
+    """
+    expected = module.state_dict()
+    for name, tensor in tensors.items():
+        if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
+            raise HeadCheckpointError(_shape_mismatch(module, where, name, tuple(expected[name].shape), tensor))
     missing, unexpected = module.load_state_dict(tensors, strict=False)
     if missing or unexpected:
         raise HeadCheckpointError(
             f"{where}: tensors do not match the config (missing {missing[:4]}, unexpected {unexpected[:4]})"
         )
+
+
+def _shape_mismatch(
+    module: torch.nn.Module, where: str, name: str, expected: tuple[int, ...], tensor: torch.Tensor
+) -> str:
+    """The message for a tensor whose shape is not the one ``config.json`` implies, naming the likely config field."""
+    found = tuple(tensor.shape)
+    message = (
+        f"{Path(where) / WEIGHTS_NAME}: tensor {name!r} has shape {list(found)}, but {Path(where) / CONFIG_NAME} "
+        f"describes heads whose {name!r} has shape {list(expected)}; the two files disagree"
+    )
+    config = getattr(module, "config", None)
+    fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    sizes = {key: value for key, value in fields.items() if isinstance(value, int) and not isinstance(value, bool)}
+    suspects = []
+    if len(expected) == len(found):
+        for size, actual in zip(expected, found, strict=True):
+            if size != actual:
+                suspects += [
+                    f"{key} is {value} (the weights have {actual})" for key, value in sizes.items() if value == size
+                ]
+    if suspects:
+        message += f". Was {CONFIG_NAME} edited? In it, {'; '.join(dict.fromkeys(suspects))}"
+    return message
