@@ -39,6 +39,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specheads.heads.registry import head_type_of
 from specheads.inference.decoder import SpecDecoder
 from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
+from specheads.machine import BUSY_CORES
 from specheads.metrics import SpecStats
 from specheads.prompts import Prompt
 
@@ -221,13 +222,16 @@ def run_bench(
             method.run(groups[0][1], min(8, max_new_tokens))
         jobs = [(r, g) for r in range(repeats) for g in range(len(groups))]
         description = "bench" if len(batch_sizes) == 1 else f"bench, batch size {batch_size}"
-        unit = "prompt" if batch_size == 1 else "group"
-        for repeat, index in tqdm(jobs, desc=description, unit=unit, disable=not progress):
-            shift = (index + repeat) % len(active)
-            first, group = groups[index]
-            keys = [(repeat, first + row) for row in range(len(group))]
-            for method in active[shift:] + active[:shift]:
-                _record(method.runs[batch_size], method.run, group, max_new_tokens, keys)
+        # One tick per timed call, the running method named: a slow method shows as such, not as a frozen bar.
+        with tqdm(total=len(jobs) * len(active), desc=description, unit="run", disable=not progress) as bar:
+            for repeat, index in jobs:
+                shift = (index + repeat) % len(active)
+                first, group = groups[index]
+                keys = [(repeat, first + row) for row in range(len(group))]
+                for method in active[shift:] + active[:shift]:
+                    bar.set_postfix_str(method.name, refresh=True)
+                    _record(method.runs[batch_size], method.run, group, max_new_tokens, keys)
+                    bar.update()
 
 
 def _record(
@@ -377,6 +381,12 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"temperature 0; {report['machine']['processor']}, {report['machine']['torch_threads']} threads, "
         f"{report['machine']['date']}",
     ]
+    during = report["machine"].get("load_during")
+    if during and during["busy"] >= BUSY_CORES:
+        lines.append(
+            f"note: other processes used {during['busy']:.1f} of {during['cores']} cores while this ran; "
+            "timings are unreliable"
+        )
     if "by_batch_size" not in report:
         return "\n".join([*lines, "", *_method_table(report["methods"], batched=False)]) + "\n"
     sizes = report["batch_sizes"]

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from specheads import SpecDecoder
+    from specheads.machine import MachineLoad
 
 METHOD_CHOICES = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
 
@@ -66,7 +68,7 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seed", type=int)
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: where the model loads)")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: the idle cores)")
     parser.add_argument("--stats", action="store_true", help="print tau, acceptance by depth and timings")
     parser.add_argument("--json", action="store_true", help="print one JSON object (text and statistics)")
     parser.set_defaults(handler=_generate)
@@ -155,7 +157,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
         "--lookup-k", type=positive_int, default=10, help="tokens per prompt-lookup proposal (both sides)"
     )
     parser.add_argument("--methods", help="comma-separated subset of methods (hf-greedy always runs)")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: the idle cores)")
     parser.add_argument("--device", help="cpu, cuda, ...")
     parser.add_argument("--out", required=True, help="output directory")
     parser.set_defaults(handler=_bench)
@@ -173,15 +175,15 @@ def _bench(args: argparse.Namespace) -> int:
         write_report,
     )
     from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
+    from specheads.machine import LoadMeter
     from specheads.prompts import load_prompts
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():  # checked before the benchmark runs, not after
         raise ValueError(f"--out {out} is a file; give a directory for report.json, report.md and speedup.png")
 
-    _set_threads(args.threads)
-    if args.max_new_tokens < 1:
-        raise ValueError("--max-new-tokens must be >= 1")
+    load = _set_threads(args.threads)
+    _warn_if_busy(load)
     prompts_path = args.prompts
     if prompts_path is None:
         if args.base != "default":
@@ -203,10 +205,12 @@ def _bench(args: argparse.Namespace) -> int:
     methods = build_methods(
         base, draft, draft_ks=draft_ks, lookup_k=args.lookup_k, only=only, heads=heads, trees=_tree_lists(args.trees)
     )
+    meter = LoadMeter().start()
     run_bench(methods, prompts, tokenizer, args.max_new_tokens, repeats=args.repeats, batch_sizes=batch_sizes)
+    during = meter.stop()
 
     report = {
-        "machine": machine_info(),
+        "machine": {**machine_info(), "load_before": asdict(load), "load_during": asdict(during)},
         "base": model_info(base, args.base + (" + Medusa-2 LoRA (merged)" if merged else "")),
         "draft": model_info(draft, args.draft_model) if draft is not None else None,
         "prompts": len(prompts),
@@ -221,6 +225,7 @@ def _bench(args: argparse.Namespace) -> int:
     write_report(report, args.out)
     print(markdown_table(report))
     print(f"wrote {args.out}/report.json, report.md, speedup.png")
+    _warn_if_busy(during, "while the benchmark ran")
     return 0
 
 
@@ -270,7 +275,7 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--prompt-index", type=int, default=0, help="which shipped held-out prompt to complete")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: the idle cores)")
     parser.set_defaults(handler=_demo)
 
 
@@ -335,7 +340,7 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit", type=positive_int, help="use the first N prompts")
     parser.add_argument("--no-chat-template", action="store_true", help="give plain prompts to the base as they are")
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: where the model loads)")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: the idle cores)")
     parser.set_defaults(handler=_distill)
 
 
@@ -609,11 +614,27 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _set_threads(threads: int | None) -> None:
-    if threads:
-        import torch
+def _set_threads(threads: int | None) -> MachineLoad:
+    """Set torch's CPU threads: ``--threads`` when given, else only the cores other processes leave idle (see
+    ``specheads.machine``: spinning OpenMP threads collapse when a core is taken). Returns the load it saw."""
+    import torch
 
-        torch.set_num_threads(threads)
+    from specheads.machine import choose_threads, measure_load
+
+    load = measure_load()
+    torch.set_num_threads(choose_threads(threads, load, torch.get_num_threads()))
+    return load
+
+
+def _warn_if_busy(load: MachineLoad, when: str = "") -> None:
+    """Say on stderr when other processes make this command's timings unreliable."""
+    import torch
+
+    from specheads.machine import busy_warning
+
+    note = busy_warning(load, torch.get_num_threads(), when)
+    if note:
+        print(note, file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from rich.table import Table
 from specheads import assets
 from specheads.bench import build_methods, run_bench, summarize
 from specheads.loading import load_causal_lm, load_tokenizer
+from specheads.machine import LoadMeter, busy_warning, choose_threads, measure_load
 from specheads.prompts import load_prompts
 
 DEMO_DRAFT_K = (
@@ -49,13 +50,20 @@ def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | No
     """
     console = Console()
     started = time.perf_counter()
-    if threads:
-        torch.set_num_threads(threads)
+    prompts = load_prompts(assets.prompts_path())
+    if not 0 <= prompt_index < len(prompts):
+        raise ValueError(
+            f"--prompt-index must lie in [0, {len(prompts) - 1}] (the shipped prompts), got {prompt_index}"
+        )
+    prompt = prompts[prompt_index]
+    load = measure_load()
+    torch.set_num_threads(choose_threads(threads, load, torch.get_num_threads()))
+    note = busy_warning(load, torch.get_num_threads())
+    if note:
+        console.print(f"[yellow]{note}[/yellow]")
     tokenizer = load_tokenizer("default")
     base = load_causal_lm("default")
     draft = load_causal_lm("default", role="draft")
-    prompts = load_prompts(assets.prompts_path())
-    prompt = prompts[prompt_index % len(prompts)]
     info = assets.manifest()
     console.print(
         Panel.fit(
@@ -78,7 +86,9 @@ def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | No
         heads=heads,
         trees={"medusa": (DEMO_TREE,), "eagle": (DEMO_EAGLE_TREE,)},
     )
-    run_bench(methods, [prompt], tokenizer, max_new_tokens, repeats=REPEATS, progress=False)
+    meter = LoadMeter().start()
+    run_bench(methods, [prompt], tokenizer, max_new_tokens, repeats=REPEATS, progress=True)
+    during = meter.stop()
     rows = summarize(methods)
 
     completion = tokenizer.decode(methods[0].outputs[(0, 0)], skip_special_tokens=True)
@@ -97,6 +107,9 @@ def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | No
             "yes" if row["matches_greedy"] else "[red]NO[/red]",
         )
     console.print(table)
+    note = busy_warning(during, torch.get_num_threads(), "while the timed runs ran")
+    if note:
+        console.print(f"[yellow]{note}[/yellow]")
     identical = all(row["matches_greedy"] for row in rows)
     console.print(
         f"all texts identical: {'yes' if identical else 'NO'}; demo took "

@@ -88,6 +88,8 @@ def test_bench_writes_the_report(model_dirs, tmp_path, capsys) -> None:
     )
     assert code == 0
     report = json.loads((out / "report.json").read_text())
+    for span in ("load_before", "load_during"):  # how busy other processes kept the machine, recorded with the times
+        assert set(report["machine"][span]) == {"cores", "busy", "source"}
     names = [row["name"] for row in report["methods"]]
     assert names == [
         "hf-greedy",
