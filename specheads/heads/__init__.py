@@ -1,20 +1,43 @@
-"""Draft heads trained on top of a frozen base (Medusa, EAGLE-1/3), their checkpoints and their registry."""
+"""Draft heads trained on top of a frozen base (Medusa, EAGLE-1/3), their checkpoints and their registry.
 
-from specheads.heads.checkpoint import HeadCheckpointError
-from specheads.heads.eagle import EagleConfig, EagleHead
-from specheads.heads.loading import heads_for_decoding, load_heads
-from specheads.heads.medusa import MedusaConfig, MedusaHeads
-from specheads.heads.registry import HEAD_TYPES, HeadType, head_type_of
+Names are imported on first use (PEP 562): the registry alone does not need torch.
+"""
 
-__all__ = [
-    "HEAD_TYPES",
-    "EagleConfig",
-    "EagleHead",
-    "HeadCheckpointError",
-    "HeadType",
-    "MedusaConfig",
-    "MedusaHeads",
-    "head_type_of",
-    "heads_for_decoding",
-    "load_heads",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "HEAD_TYPES": "specheads.heads.registry",
+    "EagleConfig": "specheads.heads.eagle",
+    "EagleHead": "specheads.heads.eagle",
+    "HeadCheckpointError": "specheads.heads.checkpoint",
+    "HeadType": "specheads.heads.registry",
+    "MedusaConfig": "specheads.heads.medusa",
+    "MedusaHeads": "specheads.heads.medusa",
+    "head_type_of": "specheads.heads.registry",
+    "heads_for_decoding": "specheads.heads.loading",
+    "load_heads": "specheads.heads.loading",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from specheads.heads.checkpoint import HeadCheckpointError
+    from specheads.heads.eagle import EagleConfig, EagleHead
+    from specheads.heads.loading import heads_for_decoding, load_heads
+    from specheads.heads.medusa import MedusaConfig, MedusaHeads
+    from specheads.heads.registry import HEAD_TYPES, HeadType, head_type_of
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'specheads.heads' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
