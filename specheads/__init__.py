@@ -27,7 +27,22 @@ _EXPORTS = {
     "load_heads": "specheads.heads.loading",
 }
 
-__all__ = [*sorted(_EXPORTS), "__version__"]
+__all__ = [
+    "DraftModelDrafter",
+    "DynamicTree",
+    "EagleDrafter",
+    "EagleHead",
+    "GenerationOutput",
+    "HeadCheckpointError",
+    "MedusaHeads",
+    "NoDrafter",
+    "PromptLookupDrafter",
+    "SpecDecoder",
+    "SpecStats",
+    "TreeError",
+    "__version__",
+    "load_heads",
+]
 
 if TYPE_CHECKING:
     from specheads.heads.checkpoint import HeadCheckpointError

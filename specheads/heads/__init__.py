@@ -21,7 +21,18 @@ _EXPORTS = {
     "load_heads": "specheads.heads.loading",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "EagleConfig",
+    "EagleHead",
+    "HEAD_TYPES",
+    "HeadCheckpointError",
+    "HeadType",
+    "MedusaConfig",
+    "MedusaHeads",
+    "head_type_of",
+    "heads_for_decoding",
+    "load_heads",
+]
 
 if TYPE_CHECKING:
     from specheads.heads.checkpoint import HeadCheckpointError
