@@ -76,9 +76,10 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     from specheads import SpecDecoder
+    from specheads.prompts import decode_utf8
 
     _set_threads(args.threads)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = decode_utf8(sys.stdin.buffer.read(), "standard input") if args.prompt == "-" else args.prompt
     decoder = SpecDecoder.from_pretrained(
         args.base,
         heads=args.heads,

@@ -53,8 +53,9 @@ def load_prompts(
     if not path.is_file():
         raise PromptFileError(f"prompts file {path} does not exist")
     prompts: list[Prompt] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            line = decode_utf8(raw, f"{path}:{number}")
             if not line.strip():
                 continue
             prompts.append(_parse_line(line, f"{path}:{number}", len(prompts), tokenizer))
@@ -63,6 +64,17 @@ def load_prompts(
     if not prompts:
         raise PromptFileError(f"prompts file {path} holds no prompts")
     return prompts
+
+
+def decode_utf8(data: bytes, where: str) -> str:
+    """``data`` as UTF-8 text, or a ``ValueError`` naming ``where`` and the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise PromptFileError(
+            f"{where} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); convert it first, "
+            "e.g. iconv -f latin1 -t utf-8"
+        ) from None
 
 
 def _parse_line(line: str, where: str, index: int, tokenizer: PreTrainedTokenizerBase | None) -> Prompt:

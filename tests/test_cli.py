@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -125,12 +126,13 @@ def test_bench_writes_the_report(model_dirs, tmp_path, capsys) -> None:
         ("", "holds no prompts"),
         ('{"prompt": "a"}\nnot json\n', "prompts.jsonl:2"),
         ('{"id": 3}\n', "prompts.jsonl:1: no 'prompt'"),
+        (b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n', "prompts.jsonl:2 is not UTF-8 text (byte 0xe9 at offset 15)"),
     ],
 )
 def test_bench_bad_prompt_files(model_dirs, tmp_path, capsys, content, message) -> None:
     prompts = tmp_path / "prompts.jsonl"
     if content is not None:
-        prompts.write_text(content)
+        prompts.write_bytes(content if isinstance(content, bytes) else content.encode())
     code = main(["bench", "--base", str(model_dirs / "base"), "--prompts", str(prompts), "--out", str(tmp_path)])
     assert code == 2
     assert message in capsys.readouterr().err
@@ -385,3 +387,12 @@ def test_bench_out_naming_a_file_is_refused_before_any_work(tmp_path, capsys) ->
     target.write_text("mine")
     assert main(["bench", "--base", "default", "--limit", "1", "--out", str(target)]) == 2
     assert "is a file" in capsys.readouterr().err and target.read_text() == "mine"
+
+
+def test_a_prompt_that_is_not_utf8_is_named_not_a_traceback(model_dirs, monkeypatch, capsys) -> None:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"def caf\xe9():\n")))
+    assert main(["generate", "--base", str(model_dirs / "base"), "--max-new-tokens", "2", "-"]) == 2
+    assert "standard input is not UTF-8 text (byte 0xe9 at offset 7)" in capsys.readouterr().err
+    # A command-line argument holding undecodable bytes reaches Python as lone surrogates (surrogateescape).
+    assert main(["generate", "--base", str(model_dirs / "base"), "--max-new-tokens", "2", "def caf\udce9"]) == 2
+    assert "the prompt is not valid Unicode text (character 7" in capsys.readouterr().err

@@ -492,6 +492,13 @@ class SpecDecoder:
                 raise ValueError("a string prompt needs a tokenizer; pass tokenizer= or give token ids")
             if not prompt:
                 raise ValueError("the prompt is empty")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as error:  # lone surrogates, e.g. bytes read with errors="surrogateescape"
+                raise ValueError(
+                    f"the prompt is not valid Unicode text (character {error.start}: {prompt[error.start]!r}); "
+                    "decode its bytes with their real encoding first"
+                ) from None
             ids = torch.tensor([self.tokenizer(prompt)["input_ids"]], dtype=torch.long)
         elif isinstance(prompt, torch.Tensor):
             ids = prompt.long()
