@@ -7,12 +7,16 @@ Three phases, each resumable and deterministic for a given seed:
     export     transformers-loadable folders + manifest.json under ``specheads/assets/default``
 
 The learning-rate schedule is planned in tokens (``--token-budget``), so stopping with ``--max-minutes`` and running
-the same command again continues the same run. Checkpoints and logs live in ``--work-dir`` (outside git).
+the same command again continues the same run. Checkpoints and logs live in ``--work-dir`` (outside git). A checkpoint
+is safetensors (weights, optimiser moments, torch RNG states) plus JSON (plan, counters, history, optimiser settings,
+Python and numpy RNG states), written with the library's atomic writer; nothing is pickled or unpickled. The losses are
+the library's (``specheads.training``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -23,17 +27,21 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's specheads when it is not installed
 from specheads.assets import corpus as default_corpus  # noqa: E402
+from specheads.heads.checkpoint import atomic_write  # noqa: E402
+from specheads.training.evaluate import heldout_lm_loss  # noqa: E402
+from specheads.training.losses import lm_loss  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Checkpoints and token caches live outside git; SPECHEADS_PRETRAIN_DIR moves them.
@@ -41,6 +49,10 @@ DEFAULT_WORK_DIR = Path(os.environ.get("SPECHEADS_PRETRAIN_DIR", Path.home() / "
 DEFAULT_ASSETS_DIR = REPO_ROOT / "specheads" / "assets" / "default"
 EOS = "<|endoftext|>"
 MAX_ASSETS_BYTES = 25 * 1024 * 1024
+CHECKPOINT_DIR = "checkpoint"  # under --work-dir: state.json + tensors-<step>.safetensors
+CHECKPOINT_STATE = "state.json"
+CHECKPOINT_FORMAT = 1
+PICKLED_CHECKPOINT = "ckpt.pt"  # what versions before the safetensors checkpoint wrote; refused, never loaded
 log = logging.getLogger("pretrain_default")
 
 
@@ -88,8 +100,14 @@ class RunPlan:
 
 
 def setup_logging(work_dir: Path, phase: str) -> None:
-    """Log to ``work_dir/<phase>.log`` (appending) and to stderr, and record the exact command line."""
+    """Log to ``work_dir/<phase>.log`` (appending) and to stderr, and record the exact command line.
+
+    Handlers of an earlier call in the same process are closed first, so each phase logs once, to its own file.
+    """
     work_dir.mkdir(parents=True, exist_ok=True)
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+        handler.close()
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%SZ")
     fmt.converter = time.gmtime
     for handler in (logging.FileHandler(work_dir / f"{phase}.log"), logging.StreamHandler()):
@@ -134,10 +152,18 @@ def sha256_file(path: Path) -> str:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file via a temporary file and ``os.replace``."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Write a text file with the library's atomic writer (temporary file in the same folder, then rename)."""
+    atomic_write(path, lambda temporary: temporary.write_text(text))
+
+
+def atomic_save_npy(path: Path, array: np.ndarray) -> None:
+    """``np.save`` an array with the library's atomic writer (through a file object: a path would gain ``.npy``)."""
+
+    def write(temporary: Path) -> None:
+        with open(temporary, "wb") as f:
+            np.save(f, array)
+
+    atomic_write(path, write)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -145,8 +171,14 @@ def atomic_write_text(path: Path, text: str) -> None:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def train_tokenizer(work_dir: Path, vocab_size: int, seq_len: int) -> Path:
+def train_tokenizer(work_dir: Path, vocab_size: int, seq_len: int, corpus_root: Path | None = None) -> Path:
     """Train a byte-level BPE on the train split and save it as a transformers fast tokenizer.
+
+    Args:
+        work_dir: where the tokenizer folder goes.
+        vocab_size: BPE vocabulary size, ``<|endoftext|>`` included.
+        seq_len: training window, the tokenizer's ``model_max_length``.
+        corpus_root: a folder of ``.py`` files instead of the interpreter's standard library (tests).
 
     Returns:
         The folder ``work_dir/tokenizer`` that ``AutoTokenizer.from_pretrained`` loads offline.
@@ -154,7 +186,7 @@ def train_tokenizer(work_dir: Path, vocab_size: int, seq_len: int) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    corpus = default_corpus.load_corpus()
+    corpus = default_corpus.load_corpus(corpus_root)
     log.info("corpus: %s files, hash %s", corpus.counts(), corpus.corpus_hash)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -212,9 +244,13 @@ def tokenize_files(tokenizer, files: list[default_corpus.CorpusFile]) -> np.ndar
     return np.asarray(ids, dtype=np.uint16)
 
 
-def token_caches(work_dir: Path, tokenizer) -> tuple[np.ndarray, np.ndarray, dict]:  # noqa: ANN001
-    """Return memory-mapped (train, heldout) token arrays, building ``*.npy`` caches on first use."""
-    corpus = default_corpus.load_corpus()
+def token_caches(work_dir: Path, tokenizer, corpus_root: Path | None = None) -> tuple[np.ndarray, np.ndarray, dict]:  # noqa: ANN001
+    """Return memory-mapped (train, heldout) token arrays, building ``*.npy`` caches on first use.
+
+    ``corpus_root`` replaces the interpreter's standard library as the corpus (tests); the cache is rebuilt whenever
+    the corpus hash or the tokenizer differs from the one it was built from.
+    """
+    corpus = default_corpus.load_corpus(corpus_root)
     tok_hash = sha256_file(work_dir / "tokenizer" / "tokenizer.json")
     meta_path = work_dir / "tokens_meta.json"
     expected = {"corpus_hash": corpus.corpus_hash, "tokenizer_sha256": tok_hash}
@@ -223,9 +259,7 @@ def token_caches(work_dir: Path, tokenizer) -> tuple[np.ndarray, np.ndarray, dic
         log.info("tokenising corpus (train %d files, heldout %d files)", len(corpus.train), len(corpus.heldout))
         for name, files in (("train", corpus.train), ("heldout", corpus.heldout)):
             arr = tokenize_files(tokenizer, files)
-            tmp = work_dir / f"{name}_tokens.tmp.npy"
-            np.save(tmp, arr)
-            os.replace(tmp, work_dir / f"{name}_tokens.npy")
+            atomic_save_npy(work_dir / f"{name}_tokens.npy", arr)
             expected[f"{name}_tokens"] = int(arr.size)
         expected["corpus"] = corpus.summary()
         atomic_write_text(meta_path, json.dumps(expected, indent=2))
@@ -284,18 +318,21 @@ def lr_factor(step: int, plan: RunPlan) -> float:
     return plan.min_lr_ratio + (1 - plan.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def sample_batch(tokens: np.ndarray, plan: RunPlan, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random contiguous windows: inputs and next-token targets, each ``[B, T]`` int64."""
+def sample_batch(tokens: np.ndarray, plan: RunPlan, generator: torch.Generator) -> torch.Tensor:
+    """Random contiguous windows ``[B, T+1]`` int64: position t is trained to predict t + 1 (T targets per row)."""
     starts = torch.randint(0, tokens.size - plan.seq_len - 1, (plan.batch_size,), generator=generator)
     windows = np.stack([np.asarray(tokens[s : s + plan.seq_len + 1], dtype=np.int64) for s in starts.tolist()])
-    windows_t = torch.from_numpy(windows)  # [B, T+1]
-    return windows_t[:, :-1], windows_t[:, 1:]
+    return torch.from_numpy(windows)  # [B, T+1]
 
 
-def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in nats/token."""
-    logits = model(input_ids=inputs).logits  # [B, T, V]
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+def window_loss(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats/token) of ``model`` over every target of ``windows`` ``[B, T+1]``.
+
+    The library's ``lm_loss`` scores logits at positions 0..T-1 against tokens 1..T; the logits of the last position
+    are computed and not used (causal attention: they change none of the others).
+    """
+    logits = model(input_ids=windows).logits  # [B, T+1, V]
+    return lm_loss(logits, windows, torch.ones_like(windows))
 
 
 def eval_windows(heldout: np.ndarray, seq_len: int, limit: int | None) -> np.ndarray:
@@ -305,18 +342,19 @@ def eval_windows(heldout: np.ndarray, seq_len: int, limit: int | None) -> np.nda
     return np.stack([np.asarray(heldout[i * seq_len : i * seq_len + seq_len + 1], dtype=np.int64) for i in index])
 
 
-@torch.no_grad()
 def evaluate(model: torch.nn.Module, windows: np.ndarray, device: str, batch_size: int = 16) -> float:
-    """Token-weighted mean held-out loss (nats/token) over the given windows."""
+    """Token-weighted mean held-out loss (nats/token) over ``windows`` ``[N, T+1]``, by the library's evaluator."""
+
+    def batches():  # noqa: ANN202 - a generator of the evaluator's batch dicts
+        for start in range(0, len(windows), batch_size):
+            chunk = torch.from_numpy(windows[start : start + batch_size]).to(device)  # [b, T+1]
+            ones = torch.ones_like(chunk)
+            yield {"input_ids": chunk, "attention_mask": ones, "loss_mask": ones}
+
     model.eval()
-    total, count = 0.0, 0
-    for start in range(0, len(windows), batch_size):
-        chunk = torch.from_numpy(windows[start : start + batch_size]).to(device)
-        loss = lm_loss(model, chunk[:, :-1], chunk[:, 1:])
-        total += loss.item() * chunk[:, 1:].numel()
-        count += chunk[:, 1:].numel()
+    loss = heldout_lm_loss(model, batches())
     model.train()
-    return total / count
+    return loss
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -359,28 +397,128 @@ class TrainState:
     history: list | None = None
 
 
-def save_checkpoint(path: Path, plan: RunPlan, models: dict, optims: dict, state: TrainState, gen) -> None:  # noqa: ANN001
-    """Write model + optimiser + RNG state atomically (tmp file, then ``os.replace``)."""
-    payload = {
+def save_checkpoint(directory: Path, plan: RunPlan, models: dict, optims: dict, state: TrainState, gen) -> None:  # noqa: ANN001
+    """Write the training state into ``directory``: tensors as safetensors, everything else as JSON, nothing pickled.
+
+    ``tensors-<step>.safetensors`` holds ``model.<name>.<param>``, the optimiser moments
+    ``optim.<name>.state.<param index>.<key>`` and the torch RNG states ``rng.torch`` / ``rng.data`` (uint8).
+    ``state.json`` holds the plan, counters, eval history, the optimisers' ``param_groups``, the Python and numpy RNG
+    states and the name and sha256 of that tensor file. Both go through the library's atomic writer, tensors first,
+    so ``state.json`` always names a complete tensor file; older tensor files are removed last.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {"rng.torch": torch.get_rng_state(), "rng.data": gen.get_state()}
+    optim_records = {}
+    for name, model in models.items():
+        # clone: tied embeddings share storage, which safetensors refuses to write twice
+        tensors.update(
+            {f"model.{name}.{key}": value.detach().cpu().clone() for key, value in model.state_dict().items()}
+        )
+        optim_records[name] = flatten_optimizer(optims[name].state_dict(), f"optim.{name}", tensors)
+    tensors_name = f"tensors-{state.step:08d}.safetensors"
+    atomic_write(
+        directory / tensors_name, lambda temporary: save_file(tensors, str(temporary), metadata={"format": "pt"})
+    )
+    python_version, python_keys, python_gauss = random.getstate()
+    numpy_name, numpy_keys, numpy_pos, numpy_has_gauss, numpy_gauss = np.random.get_state()
+    record = {
+        "format": CHECKPOINT_FORMAT,
+        "tensors": tensors_name,
+        "tensors_sha256": sha256_file(directory / tensors_name),
         "plan": asdict(plan),
         "state": asdict(state),
-        "models": {name: m.state_dict() for name, m in models.items()},
-        "optims": {name: o.state_dict() for name, o in optims.items()},
+        "optims": optim_records,
         "rng": {
-            "python": random.getstate(),
-            "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state(),
-            "data": gen.get_state(),
+            "python": [python_version, list(python_keys), python_gauss],
+            "numpy": [numpy_name, numpy_keys.tolist(), numpy_pos, numpy_has_gauss, numpy_gauss],
         },
     }
-    tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    atomic_write_text(directory / CHECKPOINT_STATE, json.dumps(record, indent=1) + "\n")
+    for old in directory.glob("tensors-*.safetensors"):
+        if old.name != tensors_name:
+            old.unlink()
 
 
-def load_checkpoint(path: Path) -> dict:
-    """Load a checkpoint written by ``save_checkpoint`` on the CPU."""
-    return torch.load(path, map_location="cpu", weights_only=False)
+def flatten_optimizer(state_dict: dict, prefix: str, tensors: dict[str, torch.Tensor]) -> dict:
+    """Move an optimiser ``state_dict``'s tensors into ``tensors`` as ``<prefix>.state.<index>.<key>``.
+
+    Returns:
+        The JSON part: ``param_groups`` (hyper-parameters and parameter indices) and any non-tensor per-parameter
+        state under ``state_other``.
+    """
+    other: dict[str, dict] = {}
+    for index, values in state_dict["state"].items():
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{prefix}.state.{index}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                other.setdefault(str(index), {})[key] = value
+    return {"param_groups": state_dict["param_groups"], "state_other": other}
+
+
+def unflatten_optimizer(record: dict, prefix: str, tensors: dict[str, torch.Tensor]) -> dict:
+    """The optimiser ``state_dict`` that :func:`flatten_optimizer` split into ``record`` (JSON) and ``tensors``."""
+    state: dict[int, dict] = {}
+    marker = f"{prefix}.state."
+    for key, value in tensors.items():
+        if key.startswith(marker):
+            index, name = key[len(marker) :].split(".", 1)
+            state.setdefault(int(index), {})[name] = value
+    for index, values in record["state_other"].items():
+        state.setdefault(int(index), {}).update(values)
+    # JSON turned tuples (AdamW's betas) into lists; "params" is the one list that stays a list
+    groups = [
+        {key: tuple(value) if isinstance(value, list) and key != "params" else value for key, value in group.items()}
+        for group in record["param_groups"]
+    ]
+    return {"state": state, "param_groups": groups}
+
+
+def find_checkpoint(work_dir: Path) -> Path | None:
+    """The checkpoint folder of ``work_dir``, or None before the first checkpoint; a pickled one is refused."""
+    directory = work_dir / CHECKPOINT_DIR
+    if (directory / CHECKPOINT_STATE).is_file():
+        return directory
+    if (work_dir / PICKLED_CHECKPOINT).exists():
+        raise SystemExit(
+            f"{work_dir / PICKLED_CHECKPOINT} is a pickled checkpoint of an older pretrain_default.py; specheads "
+            "never unpickles (arbitrary code execution). Start again in a new --work-dir."
+        )
+    return None
+
+
+def load_checkpoint(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Read a checkpoint written by :func:`save_checkpoint`: its JSON record and its tensors (on the CPU).
+
+    Only ``json`` and ``safetensors`` are read; the tensor file must have the sha256 that the record names.
+    """
+    record = json.loads((directory / CHECKPOINT_STATE).read_text())
+    if record.get("format") != CHECKPOINT_FORMAT:
+        raise SystemExit(f"{directory / CHECKPOINT_STATE}: unknown checkpoint format {record.get('format')!r}")
+    path = directory / record["tensors"]
+    if not path.is_file() or sha256_file(path) != record["tensors_sha256"]:
+        raise SystemExit(f"{path} is missing or does not match {directory / CHECKPOINT_STATE}: damaged checkpoint")
+    return record, load_file(str(path))
+
+
+def model_tensors(tensors: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
+    """The state dict of model ``name`` (``base`` or ``draft``) among a checkpoint's tensors."""
+    prefix = f"model.{name}."
+    return {key[len(prefix) :]: value for key, value in tensors.items() if key.startswith(prefix)}
+
+
+def restore_checkpoint(record: dict, tensors: dict, models: dict, optims: dict, gen: torch.Generator) -> TrainState:
+    """Load models, optimisers and every RNG from a checkpoint; return its training state."""
+    for name, model in models.items():
+        model.load_state_dict(model_tensors(tensors, name))
+        optims[name].load_state_dict(unflatten_optimizer(record["optims"][name], f"optim.{name}", tensors))
+    python_version, python_keys, python_gauss = record["rng"]["python"]
+    random.setstate((python_version, tuple(python_keys), python_gauss))
+    numpy_name, numpy_keys, *numpy_rest = record["rng"]["numpy"]
+    np.random.set_state((numpy_name, np.asarray(numpy_keys, dtype=np.uint32), *numpy_rest))
+    torch.set_rng_state(tensors["rng.torch"])
+    gen.set_state(tensors["rng.data"])
+    return TrainState(**record["state"])
 
 
 def check_resumable(saved: RunPlan, plan: RunPlan, allow_replan: bool, state_step: int) -> None:
@@ -407,7 +545,7 @@ def check_resumable(saved: RunPlan, plan: RunPlan, allow_replan: bool, state_ste
 
 
 def init_training(args: argparse.Namespace, plan: RunPlan, eos_id: int) -> tuple[dict, dict, TrainState, object]:
-    """Build models and optimisers, then restore them from ``ckpt.pt`` if the work dir has one."""
+    """Build models and optimisers, then restore them from the work dir's checkpoint if it has one."""
     seed_everything(plan.seed)
     models = {
         "base": build_model(plan.base, plan.vocab_size, plan.seq_len, eos_id).to(args.device),
@@ -419,39 +557,59 @@ def init_training(args: argparse.Namespace, plan: RunPlan, eos_id: int) -> tuple
     }
     gen = torch.Generator().manual_seed(plan.seed)
     state = TrainState(history=[])
-    ckpt_path = args.work_dir / "ckpt.pt"
-    if ckpt_path.exists():
-        ckpt = load_checkpoint(ckpt_path)
-        saved_plan = plan_from_dict(ckpt["plan"])
-        check_resumable(saved_plan, plan, args.allow_replan, state_step=ckpt["state"]["step"])
-        for name in models:
-            models[name].load_state_dict(ckpt["models"][name])
-            optims[name].load_state_dict(ckpt["optims"][name])
-        state = TrainState(**ckpt["state"])
-        random.setstate(ckpt["rng"]["python"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        gen.set_state(ckpt["rng"]["data"])
-        log.info("resumed from %s at step %d (%d tokens)", ckpt_path, state.step, state.tokens_seen)
+    ckpt_dir = find_checkpoint(args.work_dir)
+    if ckpt_dir is not None:
+        record, tensors = load_checkpoint(ckpt_dir)
+        saved_plan = plan_from_dict(record["plan"])
+        check_resumable(saved_plan, plan, args.allow_replan, state_step=record["state"]["step"])
+        state = restore_checkpoint(record, tensors, models, optims, gen)
+        log.info("resumed from %s at step %d (%d tokens)", ckpt_dir, state.step, state.tokens_seen)
     return models, optims, state, gen
 
 
-def train_step(
-    models: dict, optims: dict, inputs: torch.Tensor, targets: torch.Tensor, factor: float, plan: RunPlan
-) -> dict:
-    """One optimiser step of each model on the same batch; returns the training losses."""
+def train_step(models: dict, optims: dict, windows: torch.Tensor, factor: float, plan: RunPlan) -> dict:
+    """One optimiser step of each model on the same windows ``[B, T+1]``; returns the training losses."""
     losses = {}
     for name, model in models.items():
         peak = plan.lr if name == "base" else plan.draft_lr
         for group in optims[name].param_groups:
             group["lr"] = peak * factor
-        loss = lm_loss(model, inputs, targets)
+        loss = window_loss(model, windows)
         optims[name].zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optims[name].step()
         losses[name] = loss.item()
     return losses
+
+
+@contextlib.contextmanager
+def stop_requests() -> Iterator[list[int]]:
+    """Record SIGTERM/SIGINT in the yielded list instead of dying mid-step; the previous handlers return afterwards."""
+    received: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda num, _frame: received.append(num))
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def log_step(state: TrainState, plan: RunPlan, losses: dict, tokens_per_second: float) -> None:
+    """One progress line: step, tokens, both training losses, the step's learning rate and the recent speed."""
+    log.info(
+        "step %d/%d tokens %d loss base %.4f draft %.4f lr %.2e tok/s %.0f",
+        state.step,
+        plan.total_steps,
+        state.tokens_seen,
+        losses["base"],
+        losses["draft"],
+        plan.lr * lr_factor(state.step - 1, plan),
+        tokens_per_second,
+    )
 
 
 def run_train(args: argparse.Namespace) -> None:
@@ -461,7 +619,7 @@ def run_train(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(args.work_dir)
     if len(tokenizer) != plan.vocab_size:
         raise SystemExit(f"tokenizer has {len(tokenizer)} tokens, plan says {plan.vocab_size}")
-    train_tokens, heldout_tokens, _ = token_caches(args.work_dir, tokenizer)
+    train_tokens, heldout_tokens, _ = token_caches(args.work_dir, tokenizer, args.corpus_root)
     eval_sample = eval_windows(heldout_tokens, plan.seq_len, args.eval_windows)
     models, optims, state, gen = init_training(args, plan, tokenizer.eos_token_id)
     log.info("plan: %s", json.dumps(asdict(plan)))
@@ -474,53 +632,40 @@ def run_train(args: argparse.Namespace) -> None:
         plan.tokens_per_step,
         len(eval_sample),
     )
-    ckpt_path = args.work_dir / "ckpt.pt"
+    ckpt_dir = args.work_dir / CHECKPOINT_DIR
     started = last_ckpt = time.time()
     window_start, window_tokens = time.time(), 0
     bar = tqdm(total=plan.total_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True)
-    stop_signal: list[int] = []  # SIGTERM/SIGINT stop the loop after the current step, with a checkpoint
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda num, _frame: stop_signal.append(num))
-    while state.step < plan.total_steps:
-        if stop_signal:
-            log.info("signal %d received, stopping", stop_signal[0])
-            break
-        if args.max_steps is not None and state.step >= args.max_steps:
-            break
-        if args.max_minutes is not None and time.time() - started > 60 * args.max_minutes:
-            log.info("--max-minutes %.1f reached", args.max_minutes)
-            break
-        t0 = time.time()
-        inputs, targets = sample_batch(train_tokens, plan, gen)
-        factor = lr_factor(state.step, plan)
-        losses = train_step(models, optims, inputs.to(args.device), targets.to(args.device), factor, plan)
-        state.step += 1
-        state.tokens_seen += plan.tokens_per_step
-        state.train_seconds += time.time() - t0
-        window_tokens += plan.tokens_per_step
-        bar.update(1)
-        bar.set_postfix(base=f"{losses['base']:.3f}", draft=f"{losses['draft']:.3f}")
-        if state.step % args.log_every == 0 or state.step == 1:
-            rate = window_tokens / max(1e-9, time.time() - window_start)
-            log.info(
-                "step %d/%d tokens %d loss base %.4f draft %.4f lr %.2e tok/s %.0f",
-                state.step,
-                plan.total_steps,
-                state.tokens_seen,
-                losses["base"],
-                losses["draft"],
-                plan.lr * lr_factor(state.step - 1, plan),
-                rate,
-            )
-            window_start, window_tokens = time.time(), 0
-        if state.step % args.eval_every == 0 or state.step == plan.total_steps:
-            record_eval(models, eval_sample, args.device, state)
-        if time.time() - last_ckpt > 60 * args.ckpt_minutes:
-            save_checkpoint(ckpt_path, plan, models, optims, state, gen)
-            last_ckpt = time.time()
-            log.info("checkpoint saved at step %d", state.step)
+    with stop_requests() as stop_signal:  # SIGTERM/SIGINT stop the loop after the current step, with a checkpoint
+        while state.step < plan.total_steps:
+            if stop_signal:
+                log.info("signal %d received, stopping", stop_signal[0])
+                break
+            if args.max_steps is not None and state.step >= args.max_steps:
+                break
+            if args.max_minutes is not None and time.time() - started > 60 * args.max_minutes:
+                log.info("--max-minutes %.1f reached", args.max_minutes)
+                break
+            t0 = time.time()
+            windows = sample_batch(train_tokens, plan, gen)
+            losses = train_step(models, optims, windows.to(args.device), lr_factor(state.step, plan), plan)
+            state.step += 1
+            state.tokens_seen += plan.tokens_per_step
+            state.train_seconds += time.time() - t0
+            window_tokens += plan.tokens_per_step
+            bar.update(1)
+            bar.set_postfix(base=f"{losses['base']:.3f}", draft=f"{losses['draft']:.3f}")
+            if state.step % args.log_every == 0 or state.step == 1:
+                log_step(state, plan, losses, window_tokens / max(1e-9, time.time() - window_start))
+                window_start, window_tokens = time.time(), 0
+            if state.step % args.eval_every == 0 or state.step == plan.total_steps:
+                record_eval(models, eval_sample, args.device, state)
+            if time.time() - last_ckpt > 60 * args.ckpt_minutes:
+                save_checkpoint(ckpt_dir, plan, models, optims, state, gen)
+                last_ckpt = time.time()
+                log.info("checkpoint saved at step %d", state.step)
     bar.close()
-    save_checkpoint(ckpt_path, plan, models, optims, state, gen)
+    save_checkpoint(ckpt_dir, plan, models, optims, state, gen)
     done = "finished" if state.step >= plan.total_steps else "stopped"
     log.info(
         "%s at step %d/%d (%d tokens, %.1f min of training); checkpoint %s",
@@ -529,7 +674,7 @@ def run_train(args: argparse.Namespace) -> None:
         plan.total_steps,
         state.tokens_seen,
         state.train_seconds / 60,
-        ckpt_path,
+        ckpt_dir,
     )
 
 
@@ -604,17 +749,20 @@ def smoke_test(folder: Path, prompt: str) -> str:
 def run_export(args: argparse.Namespace) -> None:
     """Write base/, draft/, manifest.json and README.md into the assets folder from the latest checkpoint."""
     torch.set_num_threads(args.threads)
-    ckpt = load_checkpoint(args.work_dir / "ckpt.pt")
-    plan, state = plan_from_dict(ckpt["plan"]), TrainState(**ckpt["state"])
+    ckpt_dir = find_checkpoint(args.work_dir)
+    if ckpt_dir is None:
+        raise SystemExit(f"no checkpoint in {args.work_dir}: run the 'train' phase first")
+    record, tensors = load_checkpoint(ckpt_dir)
+    plan, state = plan_from_dict(record["plan"]), TrainState(**record["state"])
     tokenizer = load_tokenizer(args.work_dir)
-    _, heldout_tokens, token_meta = token_caches(args.work_dir, tokenizer)
+    _, heldout_tokens, token_meta = token_caches(args.work_dir, tokenizer, args.corpus_root)
     full_eval = eval_windows(heldout_tokens, plan.seq_len, None)
     assets = args.assets_dir
     assets.mkdir(parents=True, exist_ok=True)
     models_info = {}
     for name in ("base", "draft"):
         model = build_model(getattr(plan, name), plan.vocab_size, plan.seq_len, tokenizer.eos_token_id)
-        model.load_state_dict(ckpt["models"][name])
+        model.load_state_dict(model_tensors(tensors, name))
         model.eval()
         loss = evaluate(model, full_eval, "cpu")
         log.info("%s: heldout loss %.4f nats/token on %d windows", name, loss, len(full_eval))
@@ -721,6 +869,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("phase", choices=["tokenizer", "train", "export"])
     p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR, help="checkpoints, caches and logs")
     p.add_argument("--assets-dir", type=Path, default=DEFAULT_ASSETS_DIR, help="export destination")
+    p.add_argument(
+        "--corpus-root",
+        type=Path,
+        default=None,
+        help="a folder of .py files to use instead of this interpreter's standard library (tests)",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=1234)
@@ -762,7 +916,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--device cuda but no GPU is available")
     seed_everything(args.seed)
     if args.phase == "tokenizer":
-        train_tokenizer(args.work_dir, args.vocab_size, args.seq_len)
+        train_tokenizer(args.work_dir, args.vocab_size, args.seq_len, args.corpus_root)
     elif args.phase == "train":
         run_train(args)
     else:
