@@ -49,6 +49,8 @@ DEFAULT_WORK_DIR = Path(os.environ.get("SPECHEADS_PRETRAIN_DIR", Path.home() / "
 DEFAULT_ASSETS_DIR = REPO_ROOT / "specheads" / "assets" / "default"
 EOS = "<|endoftext|>"
 MAX_ASSETS_BYTES = 25 * 1024 * 1024
+# The models' max_position_embeddings, and the tokenizers' model_max_length, unless --seq-len is longer.
+MIN_POSITIONS = 2048
 CHECKPOINT_DIR = "checkpoint"  # under --work-dir: state.json + tensors-<step>.safetensors
 CHECKPOINT_STATE = "state.json"
 CHECKPOINT_FORMAT = 1
@@ -166,6 +168,11 @@ def atomic_save_npy(path: Path, array: np.ndarray) -> None:
     atomic_write(path, write)
 
 
+def max_positions(seq_len: int) -> int:
+    """The models' position limit, which the tokenizers also report as ``model_max_length``."""
+    return max(MIN_POSITIONS, seq_len)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Phase 1: tokenizer
 # --------------------------------------------------------------------------------------------------------------
@@ -177,7 +184,7 @@ def train_tokenizer(work_dir: Path, vocab_size: int, seq_len: int, corpus_root: 
     Args:
         work_dir: where the tokenizer folder goes.
         vocab_size: BPE vocabulary size, ``<|endoftext|>`` included.
-        seq_len: training window, the tokenizer's ``model_max_length``.
+        seq_len: training window; the tokenizer's ``model_max_length`` is ``max_positions(seq_len)``.
         corpus_root: a folder of ``.py`` files instead of the interpreter's standard library (tests).
 
     Returns:
@@ -205,7 +212,7 @@ def train_tokenizer(work_dir: Path, vocab_size: int, seq_len: int, corpus_root: 
         bos_token=EOS,
         pad_token=EOS,
         unk_token=EOS,
-        model_max_length=seq_len,
+        model_max_length=max_positions(seq_len),
     )
     out_dir = work_dir / "tokenizer"
     wrapped.save_pretrained(out_dir)
@@ -286,7 +293,7 @@ def build_model(spec: ModelSpec, vocab_size: int, seq_len: int, eos_id: int) -> 
         num_hidden_layers=spec.layers,
         num_attention_heads=spec.heads,
         num_key_value_heads=spec.heads,
-        max_position_embeddings=max(2048, seq_len),
+        max_position_embeddings=max_positions(seq_len),
         rope_theta=10000.0,
         tie_word_embeddings=True,
         bos_token_id=eos_id,
@@ -723,9 +730,14 @@ def config_summary(config) -> dict:  # noqa: ANN001
 
 
 def save_model_folder(model: torch.nn.Module, tokenizer, folder: Path) -> None:  # noqa: ANN001
-    """``save_pretrained`` the model (safetensors), its generation config and the tokenizer into ``folder``."""
+    """``save_pretrained`` the model (safetensors), its generation config and the tokenizer into ``folder``.
+
+    The tokenizer's ``model_max_length`` is set to the model's ``max_position_embeddings``, so inputs the model
+    accepts raise no "indexing errors" warning.
+    """
     from transformers import GenerationConfig
 
+    tokenizer.model_max_length = model.config.max_position_embeddings
     eos_id = tokenizer.eos_token_id
     model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     model.save_pretrained(folder, safe_serialization=True)

@@ -1,5 +1,5 @@
-"""scripts/pretrain_default.py at toy scale: exact resume from a pickle-free checkpoint, and an export from it.
-The real corpus, sizes and assets are never touched."""
+"""scripts/pretrain_default.py at toy scale: exact resume from a pickle-free checkpoint, and an export that ships the
+models' position limit in the tokenizers. The real corpus, sizes and assets are never touched."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specheads import assets
 from specheads.assets.corpus import is_heldout
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "pretrain_default.py"
@@ -110,19 +111,32 @@ def test_resume_from_the_safetensors_checkpoint_is_exact(script, prepared, tmp_p
     assert not torch.equal(tensors[0]["model.base.model.norm.weight"], torch.ones(32))  # it did train
 
 
-def test_export_reads_the_safetensors_checkpoint(script, prepared, tmp_path, monkeypatch) -> None:
+def test_export_writes_the_position_limit_into_the_tokenizers(script, prepared, tmp_path, monkeypatch) -> None:
     work, corpus = prepared
     run = tmp_path / "run"
     shutil.copytree(work, run)
     train(script, run, corpus, "--max-steps", "2")
+    # the export sets the limit itself, also from a work dir whose tokenizer an older script saved with 512
+    tokenizer_config_path = run / "tokenizer" / "tokenizer_config.json"
+    tokenizer_config = json.loads(tokenizer_config_path.read_text())
+    assert tokenizer_config["model_max_length"] == 2048
+    tokenizer_config_path.write_text(json.dumps({**tokenizer_config, "model_max_length": 512}))
     refuse_unpickling(monkeypatch)
     out = tmp_path / "assets"
     script.main(["export", "--work-dir", str(run), "--corpus-root", str(corpus), "--assets-dir", str(out), *TINY])
 
     manifest = json.loads((out / "manifest.json").read_text())
     for role in ("base", "draft"):
+        config = json.loads((out / role / "config.json").read_text())
+        tokenizer_config = json.loads((out / role / "tokenizer_config.json").read_text())
+        assert tokenizer_config["model_max_length"] == config["max_position_embeddings"] == 2048
+        # a rerun of the real export writes the shipped tokenizer config byte for byte (same special tokens)
+        shipped = (assets.DEFAULT_DIR / role / "tokenizer_config.json").read_text()
+        assert (out / role / "tokenizer_config.json").read_text() == shipped
         assert manifest["models"][role]["steps"] == 2
-        assert manifest["files"][f"{role}/model.safetensors"] == script.sha256_file(out / role / "model.safetensors")
+        assert manifest["files"][f"{role}/tokenizer_config.json"] == script.sha256_file(
+            out / role / "tokenizer_config.json"
+        )
 
 
 def test_a_pickled_checkpoint_is_refused_not_loaded(script, prepared, tmp_path, monkeypatch) -> None:
