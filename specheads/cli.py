@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from specheads import SpecDecoder
+    from specheads.inference.decoder import GenerationOutput
     from specheads.machine import MachineLoad
 
 METHOD_CHOICES = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
@@ -101,18 +102,36 @@ def _generate(args: argparse.Namespace) -> int:
     )
     if args.json:
         out = decoder.generate(prompt, max_new_tokens=args.max_new_tokens, **kwargs)
-        print(json.dumps({"text": out.text, "new_tokens": out.new_tokens, "stats": out.stats.to_dict()}))
+        record = {"text": out.text, "new_tokens": out.new_tokens, "finish_reason": out.finish_reason}
+        print(json.dumps({**record, "tokens_cut": out.tokens_cut, "stats": out.stats.to_dict()}))
+        _note_cut(out)
         return 0
-    out = None
     if not args.stats:
-        for piece in decoder.stream(prompt, max_new_tokens=args.max_new_tokens, **kwargs):
-            print(piece, end="", flush=True)
+        pieces = decoder.stream(prompt, max_new_tokens=args.max_new_tokens, **kwargs)
+        out = None
+        while out is None:
+            try:
+                print(next(pieces), end="", flush=True)
+            except StopIteration as stop:  # the stream's return value: the GenerationOutput
+                out = stop.value
         print()
+        _note_cut(out)
         return 0
     out = decoder.generate(prompt, max_new_tokens=args.max_new_tokens, **kwargs)
     print(out.text)
     print(f"[{decoder.drafter.name}] {out.stats.summary()}", file=sys.stderr)
+    _note_cut(out)
     return 0
+
+
+def _note_cut(out: GenerationOutput) -> None:
+    """Say on stderr when the model's position limit cut the output short of --max-new-tokens."""
+    if out.finish_reason == "max_length":
+        print(
+            f"specheads generate: note: stopped after {len(out.new_tokens)} new tokens at the model's position limit "
+            f"({out.sequences.shape[1]} tokens with the prompt); {out.tokens_cut} of the tokens asked for did not fit",
+            file=sys.stderr,
+        )
 
 
 def _add_bench(subparsers: argparse._SubParsersAction) -> None:
@@ -301,8 +320,21 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from specheads.train import run
+    from specheads.training.config import load_config
+    from specheads.training.trainer import TrainingInterrupted, finished_run
 
-    return run(args.config, args.overrides)
+    finished = finished_run(load_config(args.config, args.overrides))
+    if finished is not None:
+        print(f"{finished.parent} holds this run, complete: heads in {finished} (raise train.steps to train further)")
+        return 0
+    try:
+        return run(args.config, args.overrides)
+    except TrainingInterrupted as interrupted:  # the current step was finished and checkpointed
+        print(f"specheads train: {interrupted}", file=sys.stderr)
+        return interrupted.exit_code
+    except KeyboardInterrupt:  # before the first step, or a second Ctrl-C: the last complete checkpoint is kept
+        print("specheads train: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
 
 
 def _add_distill(subparsers: argparse._SubParsersAction) -> None:

@@ -396,3 +396,17 @@ def test_a_prompt_that_is_not_utf8_is_named_not_a_traceback(model_dirs, monkeypa
     # A command-line argument holding undecodable bytes reaches Python as lone surrogates (surrogateescape).
     assert main(["generate", "--base", str(model_dirs / "base"), "--max-new-tokens", "2", "def caf\udce9"]) == 2
     assert "the prompt is not valid Unicode text (character 7" in capsys.readouterr().err
+
+
+def test_output_cut_by_the_position_limit_is_reported(model_dirs, capsys) -> None:
+    base = str(model_dirs / "base")  # 256 positions
+    assert main(["generate", "--base", base, "--max-new-tokens", "300", "--json", "def f(x):"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    assert record["finish_reason"] == "max_length"
+    assert record["tokens_cut"] == 300 - len(record["new_tokens"]) > 0
+    assert f"{record['tokens_cut']} of the tokens asked for did not fit" in captured.err
+    assert main(["generate", "--base", base, "--max-new-tokens", "300", "def f(x):"]) == 0  # streamed
+    assert "at the model's position limit (256 tokens with the prompt)" in capsys.readouterr().err
+    assert main(["generate", "--base", base, "--max-new-tokens", "3", "def f(x):"]) == 0
+    assert "position limit" not in capsys.readouterr().err

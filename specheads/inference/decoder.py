@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,12 +48,26 @@ class GenerationOutput:
         new_tokens: the n new tokens, ``n <= max_new_tokens``.
         text: the decoded new tokens when a tokenizer is known, else None.
         stats: statistics of the generation.
+        finish_reason: ``"eos"``, ``"max_new_tokens"`` or ``"max_length"``: the model's position limit
+            (``max_position_embeddings``) came before ``max_new_tokens``.
+        tokens_cut: with ``"max_length"``, how many of the ``max_new_tokens`` asked for did not fit; else 0.
     """
 
     sequences: torch.Tensor
     new_tokens: list[int]
     text: str | None
     stats: SpecStats
+    finish_reason: str = "max_new_tokens"
+    tokens_cut: int = 0
+
+    @classmethod
+    def of_row(cls, state: DecodeState, row: int, max_new_tokens: int, tokenizer: Any) -> GenerationOutput:
+        """The output of one finished row of ``state``."""
+        new_tokens = state.new_tokens(row)
+        text = tokenizer.decode(new_tokens, skip_special_tokens=True) if tokenizer is not None else None
+        reason = state.finish_reasons[row] or "max_new_tokens"
+        cut = max_new_tokens - len(new_tokens) if reason == "max_length" else 0
+        return cls(state.sequence(row)[None].clone(), new_tokens, text, state.stats[row], reason, cut)
 
 
 class BatchOutput(list):
@@ -196,10 +210,9 @@ class SpecDecoder:
             for step_state, _ in self._run(chunk, max_new_tokens, seed=chunk_seed, first_index=first, **kwargs):
                 state = step_state
             assert state is not None
-            for row in range(len(state.lengths)):
-                new_tokens = state.new_tokens(row)
-                text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer else None
-                outputs.append(GenerationOutput(state.sequence(row)[None].clone(), new_tokens, text, state.stats[row]))
+            outputs += [
+                GenerationOutput.of_row(state, row, max_new_tokens, self.tokenizer) for row in range(len(state.lengths))
+            ]
             totals.draft_time_s += state.batch_draft_time_s
             totals.verify_time_s += state.batch_verify_time_s
         if not batched:
@@ -214,8 +227,11 @@ class SpecDecoder:
 
     def stream(
         self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, **kwargs: Any
-    ) -> Iterator[str]:
-        """Yield decoded text pieces as tokens are accepted (same arguments as :meth:`generate`, one prompt)."""
+    ) -> Generator[str, None, GenerationOutput]:
+        """Yield decoded text pieces as tokens are accepted (same arguments as :meth:`generate`, one prompt).
+
+        The generator's return value (``out = yield from decoder.stream(...)``, or ``StopIteration.value``) is the
+        :class:`GenerationOutput`, with its statistics and ``finish_reason``."""
         if self.tokenizer is None:
             raise ValueError("stream() needs a tokenizer to decode text; pass tokenizer= or use generate()")
         prompts, batched = self._encode_all(prompt)
@@ -223,10 +239,13 @@ class SpecDecoder:
             raise ValueError("stream() takes one prompt; decode a list of prompts with generate()")
         return self._stream(prompts, max_new_tokens, kwargs)
 
-    def _stream(self, prompts: list[torch.Tensor], max_new_tokens: int, kwargs: dict[str, Any]) -> Iterator[str]:
+    def _stream(
+        self, prompts: list[torch.Tensor], max_new_tokens: int, kwargs: dict[str, Any]
+    ) -> Generator[str, None, GenerationOutput]:
         emitted_text = ""
         tokens: list[int] = []
-        for _, new in self._run(prompts, max_new_tokens, **kwargs):
+        state = None
+        for state, new in self._run(prompts, max_new_tokens, **kwargs):  # noqa: B007 - the last state is the result
             tokens.extend(new.get(0, []))
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its remaining bytes
@@ -237,6 +256,8 @@ class SpecDecoder:
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         if len(text) > len(emitted_text):
             yield text[len(emitted_text) :]
+        assert state is not None
+        return GenerationOutput.of_row(state, 0, max_new_tokens, self.tokenizer)
 
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
@@ -406,15 +427,18 @@ class SpecDecoder:
         """Stop at EOS (kept), at ``max_new_tokens`` and at the model's length limit."""
         generated = state.lengths[row] - state.prompt_lengths[row]
         budget = settings.max_new_tokens - generated
-        if max_length is not None:
-            budget = min(budget, max_length - state.lengths[row])
+        reason = "max_new_tokens"
+        if max_length is not None and max_length - state.lengths[row] < budget:
+            budget, reason = max_length - state.lengths[row], "max_length"
         emitted = []
         for token in candidates[:budget]:
             emitted.append(token)
             if token in settings.eos_token_ids:
                 break
-        if len(emitted) == budget or (emitted and emitted[-1] in settings.eos_token_ids):
-            state.finished[row] = True
+        if emitted and emitted[-1] in settings.eos_token_ids:
+            state.finished[row], state.finish_reasons[row] = True, "eos"
+        elif len(emitted) == budget:
+            state.finished[row], state.finish_reasons[row] = True, reason
         return emitted
 
     def _forward(

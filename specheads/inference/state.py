@@ -31,6 +31,8 @@ class DecodeState:
             ``hidden_counts[i]`` of them (the rest is padding).
         hidden_counts: per entry of ``rows``, how many of ``hidden_states`` are real.
         finished: per row, whether generation has ended (EOS, ``max_new_tokens`` or the model's length limit).
+        finish_reasons: per row, why it ended: ``"eos"``, ``"max_new_tokens"`` or ``"max_length"`` (the model's
+            position limit came first), None while it runs.
         stats: statistics per row.
         rows: the rows still generating, in cache order.
         generators: per row, its random source (None at temperature 0 with greedy acceptance).
@@ -45,6 +47,7 @@ class DecodeState:
     cache: Any
     hidden_states: tuple[torch.Tensor, ...] = ()
     finished: list[bool] = field(default_factory=list)
+    finish_reasons: list[str | None] = field(default_factory=list)
     stats: list[SpecStats] | SpecStats = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
     hidden_counts: list[int] = field(default_factory=list)
@@ -59,6 +62,8 @@ class DecodeState:
             self.rows = list(range(batch))
         if not self.finished:
             self.finished = [False] * batch
+        if not self.finish_reasons:
+            self.finish_reasons = [None] * batch
         if isinstance(self.stats, SpecStats) or not self.stats:
             self.stats = [SpecStats() for _ in range(batch)]
         if not self.hidden_counts and self.hidden_states:

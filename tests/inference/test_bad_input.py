@@ -126,3 +126,17 @@ def test_a_medusa_tree_wider_than_the_vocabulary_is_named(llama) -> None:
     decoder = SpecDecoder(llama, MedusaDrafter(MedusaHeads.from_base(llama, num_heads=2)))
     with pytest.raises(ValueError, match="rank 9999 but the vocabulary has"):
         decoder.generate([5, 6, 7], max_new_tokens=4, tree=[[9999]])
+
+
+def test_output_cut_by_the_position_limit_says_so() -> None:
+    model = tiny_model("llama", max_positions=16)
+    decoder = SpecDecoder(model, DraftModelDrafter(tiny_model("llama", seed=1, max_positions=16), 3))
+    out = decoder.generate(torch.full((1, 10), 5), max_new_tokens=20)
+    assert (len(out.new_tokens), out.finish_reason, out.tokens_cut) == (6, "max_length", 14)
+    full = decoder.generate(torch.full((1, 4), 5), max_new_tokens=5)
+    assert (len(full.new_tokens), full.finish_reason, full.tokens_cut) == (5, "max_new_tokens", 0)
+    eos = full.new_tokens[1]
+    stopped = decoder.generate(torch.full((1, 4), 5), max_new_tokens=5, eos_token_id=eos)
+    assert (stopped.new_tokens[-1], stopped.finish_reason, stopped.tokens_cut) == (eos, "eos", 0)
+    batch = decoder.generate([torch.full((10,), 5), torch.full((4,), 5)], max_new_tokens=8)
+    assert [(o.finish_reason, o.tokens_cut) for o in batch] == [("max_length", 2), ("max_new_tokens", 0)]
