@@ -39,6 +39,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specheads.heads.registry import head_type_of
 from specheads.inference.decoder import SpecDecoder
 from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
+from specheads.loading import eos_token_ids, pad_token_id
 from specheads.machine import BUSY_CORES
 from specheads.metrics import SpecStats
 from specheads.prompts import Prompt
@@ -94,7 +95,7 @@ class BenchMethod:
 
 
 def _hf_runner(model: PreTrainedModel, pad_token_id: int, **generate_kwargs: Any) -> RunFn:
-    eos = _eos_ids(model)
+    eos = eos_token_ids(model)
 
     def run(group: list[torch.Tensor], max_new_tokens: int) -> GroupRun:
         input_ids, attention_mask = _left_padded([ids.to(model.device) for ids in group], pad_token_id)
@@ -120,11 +121,6 @@ def _left_padded(group: list[torch.Tensor], pad_token_id: int) -> tuple[torch.Te
         input_ids[row, longest - ids.shape[1] :] = ids[0]
         attention_mask[row, longest - ids.shape[1] :] = 1
     return input_ids, attention_mask
-
-
-def _eos_ids(model: PreTrainedModel) -> frozenset[int]:
-    eos = model.generation_config.eos_token_id
-    return frozenset() if eos is None else frozenset([eos] if isinstance(eos, int) else eos)
 
 
 def _cut_at_eos(tokens: list[int], eos_ids: frozenset[int]) -> list[int]:
@@ -162,9 +158,8 @@ def build_methods(
     below ``draft_confidence`` (0.4 is transformers' initial ``assistant_confidence_threshold``). ``heads`` rows use
     ``trees[head type]`` (default: the head type's ``bench_trees``); a tree the heads cannot decode is skipped.
     """
-    pad = base.generation_config.pad_token_id
-    if pad is None:
-        pad = base.generation_config.eos_token_id if isinstance(base.generation_config.eos_token_id, int) else 0
+    pad = pad_token_id(base)
+    pad = 0 if pad is None else pad  # padded positions are masked: any id will do
     methods = [BenchMethod("hf-greedy", _hf_runner(base, pad))]
     if draft is not None:
         methods.append(BenchMethod("hf-assisted", _hf_runner(base, pad, assistant_model=draft), batched=False))

@@ -1,7 +1,9 @@
-"""Loading base models, draft models and tokenizers by name, path or object."""
+"""Loading base models, draft models and tokenizers by name, path or object, and the few facts read from them
+everywhere (vocabulary size, EOS ids, pad id, vocabulary agreement): one place each."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -53,7 +55,7 @@ def check_same_tokenizer(
     """Raise ``ValueError`` when the draft model's own tokenizer differs from the base's.
 
     A draft given as an object, or a folder without tokenizer files, is checked only through its vocabulary size
-    (see :func:`specheads.inference.drafters.check_same_vocabulary`).
+    (see :func:`check_same_vocabulary`).
     """
     if base_tokenizer is None:
         return
@@ -66,3 +68,47 @@ def check_same_tokenizer(
             "the draft model's tokenizer differs from the base's (different vocabularies); speculative decoding "
             "with a draft model needs the base's tokenizer"
         )
+
+
+def vocab_size(model: PreTrainedModel) -> int:
+    """Rows of the output embedding: the width of the logits (``config.vocab_size`` can differ after resizing)."""
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def check_same_vocabulary(base: PreTrainedModel, draft: PreTrainedModel) -> None:
+    """Raise ``ValueError`` unless the draft model's logits cover the same vocabulary as the base's."""
+    if vocab_size(base) != vocab_size(draft):
+        raise ValueError(
+            f"the draft model's vocabulary ({vocab_size(draft)} tokens) differs from the base's ({vocab_size(base)}); "
+            "a draft model must share the base's tokenizer"
+        )
+
+
+def eos_token_ids(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    override: int | Sequence[int] | None = None,
+) -> frozenset[int]:
+    """The ids that end a generation: ``override``, else the model's generation config, else the tokenizer's EOS."""
+    eos = override
+    if eos is None:
+        eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+def pad_token_id(model: PreTrainedModel | None = None, tokenizer: PreTrainedTokenizerBase | None = None) -> int | None:
+    """The id to pad batches with: the tokenizer's pad, the generation config's pad, then the first EOS id (padding
+    is masked out, so any real id will do); None when there is none of them."""
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    candidates = (
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(config, "pad_token_id", None),
+        eos[0] if isinstance(eos, (list, tuple)) and eos else eos,
+        getattr(tokenizer, "eos_token_id", None),
+    )
+    return next((int(token) for token in candidates if isinstance(token, int)), None)

@@ -28,11 +28,11 @@ from specheads.inference.drafters import (
     DraftModelDrafter,
     NoDrafter,
     PromptLookupDrafter,
-    check_same_vocabulary,
 )
 from specheads.inference.sampling import SamplingParams, probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
 from specheads.inference.trees import DynamicTree, resolve_tree
+from specheads.loading import check_same_vocabulary, eos_token_ids, vocab_size
 from specheads.metrics import SpecStats
 
 METHODS = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
@@ -534,7 +534,7 @@ class SpecDecoder:
             ids = torch.tensor([list(prompt)], dtype=torch.long)
         if ids.shape[1] == 0:
             raise ValueError("the prompt is empty")
-        vocab = self.model.get_output_embeddings().weight.shape[0]
+        vocab = vocab_size(self.model)
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise ValueError(f"prompt token ids must lie in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
         return ids.to(device)
@@ -617,13 +617,7 @@ class SpecDecoder:
         return resolve_tree(tree)
 
     def _eos_ids(self, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
-        if eos_token_id is None:
-            eos_token_id = getattr(self.model.generation_config, "eos_token_id", None)
-        if eos_token_id is None and self.tokenizer is not None:
-            eos_token_id = self.tokenizer.eos_token_id
-        if eos_token_id is None:
-            return frozenset()
-        return frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+        return eos_token_ids(self.model, self.tokenizer, eos_token_id)
 
     def _max_length(self) -> int | None:
         config = self.model.config

@@ -281,17 +281,6 @@ class _DraftState:
     drafted: list[int]  # drafts of the last proposal (the last one is not in the draft cache)
 
 
-def check_same_vocabulary(base: PreTrainedModel, draft: PreTrainedModel) -> None:
-    """Raise ``ValueError`` unless the draft's vocabulary matches the base's."""
-    base_vocab = base.get_output_embeddings().weight.shape[0]
-    draft_vocab = draft.get_output_embeddings().weight.shape[0]
-    if base_vocab != draft_vocab:
-        raise ValueError(
-            f"the draft model's vocabulary ({draft_vocab} tokens) differs from the base's ({base_vocab}); "
-            "a draft model must share the base's tokenizer"
-        )
-
-
 class MedusaDrafter:
     """Medusa heads propose a static tree: node (r1, ..., rd) holds head d's rank-rd candidate.
 

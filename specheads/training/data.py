@@ -48,6 +48,7 @@ import datasets
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
+from specheads.loading import pad_token_id
 from specheads.training.config import DataConfig
 
 logger = logging.getLogger(__name__)
@@ -307,11 +308,9 @@ def _pack(documents: list[list[int]], max_length: int) -> dict[str, list[list[in
     return {"input_ids": windows, "attention_mask": [ones] * len(windows), "loss_mask": [ones] * len(windows)}
 
 
-def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
-    for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
-        if token_id is not None:
-            return token_id
-    return 0
+def _pad_id_of(tokenizer: PreTrainedTokenizerBase) -> int:
+    pad = pad_token_id(tokenizer=tokenizer)
+    return 0 if pad is None else pad  # padded positions carry no loss: any id will do
 
 
 def _padded_row(ids: list[int], targets: list[int], max_length: int, pad_id: int) -> dict[str, list[int]]:
@@ -327,7 +326,7 @@ def _padded_row(ids: list[int], targets: list[int], max_length: int, pad_id: int
 def _padded_document_rows(
     texts: list[str], tokenizer: PreTrainedTokenizerBase, max_length: int
 ) -> dict[str, list[list[int]]]:
-    pad_id = _pad_id(tokenizer)
+    pad_id = _pad_id_of(tokenizer)
     rows = [_padded_row(ids, [1] * len(ids), max_length, pad_id) for ids in _document_ids(texts, tokenizer)]
     return {column: [row[column] for row in rows] for column in _COLUMNS}
 
@@ -360,7 +359,7 @@ def _chat_renderer(config: DataConfig, tokenizer: PreTrainedTokenizerBase) -> Re
 def _conversation_rows(
     batch: dict[str, list[str]], render: Renderer, tokenizer: PreTrainedTokenizerBase, max_length: int
 ) -> dict[str, list[list[int]]]:
-    pad_id = _pad_id(tokenizer)
+    pad_id = _pad_id_of(tokenizer)
     rows = []
     for messages_json, where in zip(batch["messages"], batch["source"], strict=True):
         messages = json.loads(messages_json)

@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.inference.sampling import SamplingParams, probabilities, sample
+from specheads.loading import eos_token_ids, pad_token_id
 from specheads.metrics import SpecStats
 from specheads.prompts import Prompt, PromptFileError
 
@@ -226,8 +227,8 @@ def distill(
     out_path = Path(out_path)
     finished = read_finished(out_path)
     todo = [prompt for prompt in prompts if prompt.id not in finished]
-    stop_ids = _stop_token_ids(base_model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop_ids or [None])[0]
+    stop_ids = sorted(eos_token_ids(base_model, tokenizer))  # as the decoder resolves them
+    pad_id = pad_token_id(base_model, tokenizer)
     if pad_id is None and decoder is None:
         raise ValueError("the tokenizer has neither a pad token nor an EOS token to pad batches with")
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -348,16 +349,6 @@ def _speculate_batch(
         **options,
     )
     return [_cut_at_stop(row.new_tokens, stop_ids) for row in out], out.stats
-
-
-def _stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The base's EOS ids: its generation config's, else the tokenizer's (as the decoder does)."""
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return []
-    return [eos] if isinstance(eos, int) else list(eos)
 
 
 def _cut_at_stop(tokens: list[int], stop_ids: list[int]) -> list[int]:
