@@ -244,7 +244,12 @@ def _record(
 
 
 def summarize(methods: list[BenchMethod], batch_size: int | None = None) -> list[dict[str, Any]]:
-    """Per-method rows of the report at ``batch_size`` (default: the first measured; see API.md section 5).
+    """Per-method rows of the report at ``batch_size`` (default: the first measured).
+
+    Each row: ``tokens_per_s`` (new tokens over wall time, every call summed), ``speedup`` (over ``hf-greedy``'s
+    tokens/s), ``speedup_per_prompt_median`` and ``_iqr`` (the same ratio per call, so noise shows), ``tau``
+    (``mean_accepted_length``, new tokens per verification step; README "Numbers"), ``acceptance_rate_by_position``,
+    ``matches_greedy``, ``draft_ms_per_step`` / ``verify_ms_per_step`` and ``new_tokens``.
 
     At a batch size above 1 the per-prompt spread is per group, step times are per batched step, and each row also
     says whether its outputs equal ``hf-greedy``'s at that batch size (``matches_batched_greedy``) and at batch size
