@@ -9,7 +9,10 @@ and in the loop; EAGLE-1 regresses features, EAGLE-3 unrolls the draft on its ow
 
 Accelerate owns processes, devices, mixed precision, trackers and ``save_state``/``load_state``. A checkpoint is
 written into a hidden temporary directory and renamed into place once complete, so a crash mid-write never leaves a
-checkpoint that looks complete; ``train.resume=auto`` continues from the newest one. Under FSDP
+checkpoint that looks complete; every file goes through :func:`specheads.heads.checkpoint.atomic_write`. The last
+step always checkpoints, and so does a run stopped by SIGINT (Ctrl-C) or SIGTERM, after finishing its current step;
+``train.resume=auto`` continues from the newest checkpoint, and a rerun of a finished run changes nothing (raise
+``train.steps`` to train further). Under FSDP
 (``configs/accelerate/fsdp.yaml``) the frozen base is sharded across the processes and the heads are replicated.
 """
 
@@ -21,7 +24,11 @@ import json
 import math
 import os
 import shutil
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +39,7 @@ from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+from specheads.heads.checkpoint import CONFIG_NAME, atomic_write
 from specheads.heads.registry import HEAD_TYPES, HeadType
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.training.config import ConfigError, RecipeConfig
@@ -41,6 +49,23 @@ from specheads.training.evaluate import heldout_lm_loss
 CHECKPOINTS = "checkpoints"
 RUN_CONFIG = "run_config.json"
 TRAINER_STATE = "trainer_state.json"
+FINAL_STATE = "final_state.json"
+HEADS = "heads"
+TRAINING_LENGTH = ("steps", "epochs")  # train.* keys that say how long a run is, not what it is
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped by SIGINT or SIGTERM after a checkpoint was written; ``str()`` is the one-line message.
+
+    A ``KeyboardInterrupt``, as Ctrl-C is anywhere in Python; ``exit_code`` is the shell's convention (128 + signal).
+    """
+
+    def __init__(self, step: int, checkpoint: Path | None, signal_number: int) -> None:
+        self.step, self.checkpoint, self.signal_number = step, checkpoint, signal_number
+        self.exit_code = 128 + signal_number
+        where = f"checkpoint saved to {checkpoint}" if checkpoint else "no checkpoint"
+        name = signal.Signals(signal_number).name
+        super().__init__(f"interrupted by {name} at step {step}; {where}; run the same command again to resume")
 
 
 @dataclass
@@ -61,18 +86,57 @@ class Run:
     step: int = 0  # optimizer steps done
     batches_seen: int = 0  # micro-batches consumed on each process (decides the epoch and the resume position)
     logging_step: bool = False  # this micro-batch's metrics are logged (head types skip costly metrics otherwise)
+    stop_signal: int | None = None  # SIGINT/SIGTERM received: stop after the current optimizer step
 
 
 def train(config: RecipeConfig) -> Path:
-    """Train heads as the recipe says; returns the directory of the exported heads."""
+    """Train heads as the recipe says; returns the directory of the exported heads.
+
+    A run that already finished in ``output.dir`` (same recipe, all its steps done) is left as it is and its heads
+    directory returned; with ``train.steps`` raised it continues from its last checkpoint.
+
+    Raises:
+        ConfigError: a recipe or an output directory that cannot be used.
+        TrainingInterrupted: SIGINT or SIGTERM arrived; the current step was finished and checkpointed.
+    """
+    finished = finished_run(config)
+    if finished is not None:
+        return finished
     run = setup(config)
-    train_loop(run)
+    with _stop_on_signals(run):
+        train_loop(run)
+        _agree_on_stop(run, out_of_time=False)  # a signal that came during the last step's checkpoint
+    if run.stop_signal is not None:
+        _close(run)
+        raise TrainingInterrupted(run.step, latest_checkpoint(run.output), run.stop_signal)
     return cleanup(run)
+
+
+def finished_run(config: RecipeConfig) -> Path | None:
+    """The exported heads of ``config``'s run if it already finished in ``output.dir``, else None.
+
+    Finished: ``output.dir`` records the same recipe (the same length included: raising ``train.steps`` continues the
+    run instead), its last export covered every step, and ``train.resume`` is ``auto``.
+    """
+    output = Path(config.output.dir)
+    if config.train.resume != "auto" or not (output / HEADS / CONFIG_NAME).is_file():
+        return None
+    try:
+        recorded = json.loads((output / RUN_CONFIG).read_text())
+        final = json.loads((output / FINAL_STATE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    current = config.to_dict()
+    if _run_identity(recorded) != _run_identity(current) or _length(recorded) != _length(current):
+        return None
+    total = final.get("total_steps", recorded.get("train", {}).get("steps"))  # older runs recorded no total_steps
+    return output / HEADS if total is not None and final.get("step") == total else None
 
 
 # ---------------------------------------------------------------------------------------------------- setup
 def setup(config: RecipeConfig) -> Run:
     output = Path(config.output.dir)
+    check_tracker(config.log.tracker)
     accelerator = _accelerator(config, output)
     set_seed(config.train.seed)
     _guard_output_dir(config, output, accelerator)
@@ -191,6 +255,19 @@ def expand_data_paths(paths: list[str]) -> list[str]:
     return expanded
 
 
+def check_tracker(tracker: str) -> None:
+    """Refuse a ``log.tracker`` whose package is missing, before anything loads (Accelerate would only warn).
+
+    Availability is Accelerate's own test (``accelerate.utils.is_<tracker>_available``), the one it applies itself.
+    """
+    if tracker == "none":
+        return
+    import accelerate.utils
+
+    if not getattr(accelerate.utils, f"is_{tracker}_available")():
+        raise ConfigError(f"log.tracker {tracker!r} needs the {tracker} package: pip install {tracker}")
+
+
 def _accelerator(config: RecipeConfig, output: Path) -> Accelerator:
     tracker = None if config.log.tracker == "none" else config.log.tracker
     if tracker == "wandb" and not os.environ.get("WANDB_API_KEY"):
@@ -246,12 +323,16 @@ def _dtype(name: str) -> str | torch.dtype:
 
 # ---------------------------------------------------------------------------------------------------- the loop
 def train_loop(run: Run) -> None:
-    """Optimizer steps until ``total_steps``; checkpoints every ``output.save_every`` steps."""
+    """Optimizer steps until ``total_steps``, a signal or ``train.max_minutes``.
+
+    Checkpoints every ``output.save_every`` steps and always at the step where the loop stops, so a finished, timed-out
+    or interrupted run can be resumed or extended from where it stopped.
+    """
     config, accelerator = run.config, run.accelerator
     progress = tqdm(total=run.total_steps, initial=run.step, desc="train", disable=not accelerator.is_main_process)
-    started, tokens = time.perf_counter(), 0
+    started, tokens, stopping = time.perf_counter(), 0, False
     models = (run.heads, run.base) if config.lora.enabled else (run.heads,)
-    while run.step < run.total_steps:
+    while run.step < run.total_steps and not stopping:
         epoch, consumed = divmod(run.batches_seen, run.batches_per_epoch)
         run.dataloader.set_epoch(epoch)
         batches = accelerator.skip_first_batches(run.dataloader, consumed) if consumed else run.dataloader
@@ -261,7 +342,7 @@ def train_loop(run: Run) -> None:
             run.batches_seen += 1
             tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
             if not accelerator.sync_gradients:
-                continue
+                continue  # a signal waits for the end of the optimizer step: its micro-batches are not saved apart
             run.step += 1
             progress.update(1)
             progress.set_postfix(loss=f"{metrics['loss']:.3f}")
@@ -270,25 +351,56 @@ def train_loop(run: Run) -> None:
                     lr=run.scheduler.get_last_lr()[0], tokens_per_s=tokens / max(time.perf_counter() - started, 1e-9)
                 )
                 accelerator.log(metrics, step=run.step)
-            if config.output.save_every and run.step % config.output.save_every == 0:
+            out_of_time = _agree_on_stop(run, out_of_time=_out_of_time(run, started))
+            stopping = out_of_time or run.stop_signal is not None or run.step >= run.total_steps
+            if stopping or (config.output.save_every and run.step % config.output.save_every == 0):
                 save_checkpoint(run)
-            if run.step >= run.total_steps or _out_of_time(run, started):
+            if stopping:
+                if out_of_time:
+                    accelerator.print(f"train.max_minutes={config.train.max_minutes} reached at step {run.step}")
                 break
-        if _out_of_time(run, started):
-            accelerator.print(f"train.max_minutes={config.train.max_minutes} reached at step {run.step}")
-            if config.output.save_every:
-                save_checkpoint(run)
-            break
     progress.close()
 
 
 def _out_of_time(run: Run, started: float) -> bool:
     limit = run.config.train.max_minutes
-    if limit is None:
-        return False
-    # Every process must stop at the same step, so the main process decides and the others follow.
-    flag = torch.tensor([float(time.perf_counter() - started > 60 * limit)], device=run.accelerator.device)
-    return bool(run.accelerator.reduce(flag, reduction="max").item())
+    return limit is not None and time.perf_counter() - started > 60 * limit
+
+
+def _agree_on_stop(run: Run, out_of_time: bool) -> bool:
+    """Whether any process is out of time; every process adopts the signal any process received.
+
+    Every process must stop at the same step (checkpointing is collective), so under several processes the flags are
+    reduced, one small all-reduce per optimizer step; a single process decides alone, with no device sync.
+    """
+    if run.accelerator.num_processes == 1:
+        return out_of_time
+    flags = torch.tensor([float(run.stop_signal or 0), float(out_of_time)], device=run.accelerator.device)
+    stop_signal, out_of_time = run.accelerator.reduce(flags, reduction="max").tolist()
+    run.stop_signal = int(stop_signal) or None
+    return bool(out_of_time)
+
+
+@contextmanager
+def _stop_on_signals(run: Run) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``run.stop_signal`` (the loop checkpoints and stops after the current step); a second
+    one raises ``KeyboardInterrupt`` at once (the last complete checkpoint stays). The previous handlers come back on
+    exit. Python can only set handlers in the main thread: elsewhere the signals keep their handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def request_stop(signal_number: int, frame: Any) -> None:
+        if run.stop_signal is not None:
+            raise KeyboardInterrupt
+        run.stop_signal = signal_number
+
+    previous = {number: signal.signal(number, request_stop) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
 
 
 def _train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -326,14 +438,19 @@ def save_checkpoint(run: Run) -> Path:
             "world_size": accelerator.num_processes,
             "heads_checksum_by_rank": checksums,
         }
-        (temporary / TRAINER_STATE).write_text(json.dumps(state) + "\n")
-        (temporary / RUN_CONFIG).write_text(json.dumps(run.config.to_dict(), indent=2) + "\n")
+        _write_json(temporary / TRAINER_STATE, state, indent=None)
+        _write_json(temporary / RUN_CONFIG, run.config.to_dict())
         shutil.rmtree(final, ignore_errors=True)
         os.replace(temporary, final)
         for old in sorted(root.glob("step-*"))[: -run.config.output.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def _write_json(path: Path, value: Any, indent: int | None = 2) -> None:
+    text = json.dumps(value, indent=indent) + "\n"
+    atomic_write(path, lambda temporary: temporary.write_text(text))
 
 
 def heads_checksums(run: Run) -> list[float]:
@@ -358,22 +475,35 @@ def _resume(run: Run) -> None:
         return
     if not (checkpoint / TRAINER_STATE).is_file():
         raise ConfigError(f"train.resume={resume}: {checkpoint} is not a complete specheads checkpoint")
-    run.accelerator.load_state(str(checkpoint))
     state = json.loads((checkpoint / TRAINER_STATE).read_text())
+    if state["step"] > run.total_steps:
+        raise ConfigError(
+            f"{checkpoint} is at step {state['step']}, past this recipe's {run.total_steps} steps: raise train.steps, "
+            "choose another output.dir, or set train.resume=never train.overwrite=true to start over"
+        )
+    run.accelerator.load_state(str(checkpoint))
     run.step, run.batches_seen = state["step"], state["batches_seen"]
     run.scheduler.load_state_dict(state["scheduler"])
     run.accelerator.print(f"resumed from {checkpoint} at step {run.step}")
 
 
 def _guard_output_dir(config: RecipeConfig, output: Path, accelerator: Accelerator) -> None:
-    """Refuse an output directory that holds another run (or checkpoints not to resume), unless told to overwrite."""
+    """Refuse an output directory that holds another run (or checkpoints not to resume), unless told to overwrite.
+
+    The same run with another length (``train.steps``, ``train.epochs``) is the same run: it continues. A recorded
+    run that left nothing behind (it failed before its first checkpoint) never blocks the directory.
+    """
     recorded = output / RUN_CONFIG
     conflict = None
     if recorded.is_file():
-        if _run_identity(json.loads(recorded.read_text())) != _run_identity(config.to_dict()):
-            conflict = f"{output} holds a different run (its {RUN_CONFIG} differs); choose another output.dir"
+        previous = json.loads(recorded.read_text())
+        if _run_identity(previous) != _run_identity(config.to_dict()):
+            if _has_results(output):
+                conflict = f"{output} holds a different run (its {RUN_CONFIG} differs); choose another output.dir"
         elif config.train.resume == "never" and latest_checkpoint(output) is not None:
             conflict = f"{output} holds checkpoints and train.resume=never; set train.resume=auto to continue"
+        elif config.train.resume == "auto" and config.train.steps is not None:
+            _check_not_past(output, config.train.steps)
     if conflict and not config.train.overwrite:
         raise ConfigError(f"{conflict} or set train.overwrite=true to start over")
     if conflict and accelerator.is_main_process:
@@ -381,39 +511,61 @@ def _guard_output_dir(config: RecipeConfig, output: Path, accelerator: Accelerat
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
-        recorded.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        (output / FINAL_STATE).unlink(missing_ok=True)  # training again: finished only once exported again
+        _write_json(recorded, config.to_dict())
+
+
+def _has_results(output: Path) -> bool:
+    """Whether a run left anything to protect: a checkpoint or exported heads."""
+    return latest_checkpoint(output) is not None or (output / HEADS).exists() or (output / FINAL_STATE).exists()
+
+
+def _check_not_past(output: Path, steps: int) -> None:
+    """Refuse, before anything loads, a rerun shorter than the checkpoint it would resume (``_resume`` checks again)."""
+    checkpoint = latest_checkpoint(output)
+    if checkpoint is not None:
+        done = json.loads((checkpoint / TRAINER_STATE).read_text())["step"]
+        if done > steps:
+            raise ConfigError(
+                f"{output} already trained {done} steps, more than train.steps={steps}: raise train.steps, choose "
+                "another output.dir, or set train.resume=never train.overwrite=true to start over"
+            )
 
 
 def _run_identity(config: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a recipe that define a run (how often it logs or saves, or whether it resumes, do not)."""
+    """The parts of a recipe that define a run: not its length, how often it logs or saves, or whether it resumes."""
     identity = json.loads(json.dumps(config))
-    identity.get("train", {}).pop("resume", None)
-    identity.get("train", {}).pop("overwrite", None)
-    identity.get("train", {}).pop("max_minutes", None)
+    for key in ("resume", "overwrite", "max_minutes", *TRAINING_LENGTH):
+        identity.get("train", {}).pop(key, None)
     identity.pop("log", None)
     identity.get("output", {}).pop("save_every", None)
     identity.get("output", {}).pop("keep_last", None)
     return identity
 
 
+def _length(config: dict[str, Any]) -> dict[str, Any]:
+    return {key: config.get("train", {}).get(key) for key in TRAINING_LENGTH}
+
+
 # ---------------------------------------------------------------------------------------------------- cleanup
 def cleanup(run: Run) -> Path:
-    """Export the final heads (and the LoRA adapter) in the native format; close the trackers."""
+    """Export the final heads (and the LoRA adapter) in the native format; close the trackers.
+
+    ``final_state.json`` is written last: it marks the run finished (see :func:`finished_run`).
+    """
     accelerator = run.accelerator
     accelerator.wait_for_everyone()
-    target = run.output / "heads"
+    target = run.output / HEADS
     checksums = heads_checksums(run)
     if accelerator.is_main_process:
-        summary = {"step": run.step, "world_size": accelerator.num_processes, "heads_checksum_by_rank": checksums}
-        (run.output / "final_state.json").write_text(json.dumps(summary) + "\n")
         heads = accelerator.unwrap_model(run.heads)
         heads.save_pretrained(target)
         if run.config.lora.enabled:
             accelerator.unwrap_model(run.base).save_pretrained(str(target / "adapter"))
-        (target / "recipe.json").write_text(json.dumps(run.config.to_dict(), indent=2) + "\n")
+        _write_json(target / "recipe.json", run.config.to_dict())
         evaluation = evaluate(run, accelerator.unwrap_model(run.heads))
         if evaluation is not None:
-            (target / "eval.json").write_text(json.dumps(evaluation, indent=2) + "\n")
+            _write_json(target / "eval.json", evaluation)
             accelerator.print(
                 "held-out agreement with the base's greedy token by head: "
                 + ", ".join(f"{a:.3f}" for a in evaluation["agreement_with_base_greedy"])
@@ -422,10 +574,21 @@ def cleanup(run: Run) -> Path:
                 {f"eval/head_{k}/agreement": a for k, a in enumerate(evaluation["agreement_with_base_greedy"])},
                 step=run.step,
             )
-    accelerator.wait_for_everyone()
-    _release_wrappers(run)
-    accelerator.end_training()
+        summary = {
+            "step": run.step,
+            "total_steps": run.total_steps,
+            "world_size": accelerator.num_processes,
+            "heads_checksum_by_rank": checksums,
+        }
+        _write_json(run.output / FINAL_STATE, summary, indent=None)
+    _close(run)
     return target
+
+
+def _close(run: Run) -> None:
+    run.accelerator.wait_for_everyone()
+    _release_wrappers(run)
+    run.accelerator.end_training()
 
 
 def _release_wrappers(run: Run) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,8 +16,9 @@ import torch
 from helpers import tiny_model, tiny_tokenizer
 
 from specheads.heads import load_heads
+from specheads.heads.checkpoint import atomic_write
 from specheads.training.config import ConfigError, load_config
-from specheads.training.trainer import train
+from specheads.training.trainer import TrainingInterrupted, train
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n\nclass Stack:\n    def push(self, item):\n        self.items.append(item)\n"
@@ -67,7 +69,12 @@ def test_medusa1_training_learns_and_exports(workspace, tmp_path) -> None:
     fresh = load_heads(heads_dir).state_dict()
     assert any(not torch.all(value == 0) for name, value in fresh.items() if "blocks" in name)  # blocks moved
     checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
-    assert checkpoints == ["step-00000024", "step-00000028"]  # keep_last=2, saved every 4 steps
+    assert checkpoints == ["step-00000028", "step-00000030"]  # keep_last=2, saved every 4 steps and at the last
+
+
+def test_the_last_step_always_checkpoints(workspace, tmp_path) -> None:
+    train(load_config(None, _overrides(workspace, tmp_path / "run", **{"train.steps": 6, "output.save_every": 100})))
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-00000006"]
 
 
 def test_same_seed_same_heads(workspace, tmp_path) -> None:
@@ -92,6 +99,126 @@ def test_an_output_dir_holding_another_run_is_refused(workspace, tmp_path) -> No
 def test_missing_data_is_a_clear_error(workspace, tmp_path) -> None:
     with pytest.raises(ValueError, match="nowhere"):
         train(load_config(None, _overrides(workspace, tmp_path / "run", **{"data.paths": "[/nowhere/data.txt]"})))
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_does_not_block_its_directory(workspace, tmp_path) -> None:
+    with pytest.raises(ValueError, match="nowhere"):
+        train(load_config(None, _overrides(workspace, tmp_path / "run", **{"data.paths": "[/nowhere/data.txt]"})))
+    heads_dir = train(load_config(None, _overrides(workspace, tmp_path / "run", **{"train.steps": 2})))
+    assert (heads_dir / "model.safetensors").is_file()
+
+
+def _files(root: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes()) for p in root.rglob("*") if p.is_file()}
+
+
+def test_rerunning_a_finished_run_changes_nothing(workspace, tmp_path, capsys) -> None:
+    from specheads.cli import main
+
+    args = _overrides(workspace, tmp_path / "run", **{"train.steps": 6, "output.save_every": 100})
+    heads_dir = train(load_config(None, args))
+    before = _files(tmp_path / "run")
+    capsys.readouterr()
+    assert main(["train", *args]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "complete" in out[0] and str(heads_dir) in out[0], out
+    assert train(load_config(None, args)) == heads_dir
+    assert _files(tmp_path / "run") == before
+
+
+def test_raising_train_steps_continues_a_finished_run(workspace, tmp_path, capsys) -> None:
+    train(load_config(None, _overrides(workspace, tmp_path / "run", **{"train.steps": 6, "output.save_every": 100})))
+    capsys.readouterr()
+    longer = _overrides(workspace, tmp_path / "run", **{"train.steps": 10, "output.save_every": 100})
+    train(load_config(None, longer))
+    assert "resumed from" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "final_state.json").read_text())["step"] == 10
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-00000006", "step-00000010"]
+    with pytest.raises(ConfigError, match="already trained 10 steps, more than train.steps=6"):
+        train(load_config(None, _overrides(workspace, tmp_path / "run", **{"train.steps": 6})))
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "wandb"])
+def test_a_tracker_whose_package_is_missing_is_refused_before_training(
+    workspace, tmp_path, monkeypatch, tracker: str
+) -> None:
+    import accelerate.utils
+
+    monkeypatch.setattr(accelerate.utils, f"is_{tracker}_available", lambda: False)
+    config = load_config(None, _overrides(workspace, tmp_path / "run", **{"log.tracker": tracker}))
+    with pytest.raises(
+        ConfigError, match=f"log.tracker '{tracker}' needs the {tracker} package: pip install {tracker}"
+    ):
+        train(config)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_trainer_writes_its_files_through_the_atomic_writer(workspace, tmp_path, monkeypatch) -> None:
+    from specheads.training import trainer
+
+    written = []
+
+    def recording(target, write) -> None:
+        written.append(Path(target).name)
+        atomic_write(target, write)
+
+    monkeypatch.setattr(trainer, "atomic_write", recording)
+    extra = {"train.steps": 2, "data.eval_paths": f"[{workspace / 'data'}]", "data.eval_batches": 1}
+    train(load_config(None, _overrides(workspace, tmp_path / "run", **extra)))
+    expected = {"run_config.json", "trainer_state.json", "recipe.json", "eval.json", "final_state.json"}
+    assert set(written) == expected
+
+
+def _signal_during_step(monkeypatch, step: int, number: int) -> None:
+    """Deliver ``number`` to this process while optimizer step ``step`` runs."""
+    from specheads.training import trainer
+
+    original = trainer._train_batch
+
+    def batch_then_signal(run, batch):
+        metrics = original(run, batch)
+        if run.step + 1 == step:
+            signal.raise_signal(number)
+        return metrics
+
+    monkeypatch.setattr(trainer, "_train_batch", batch_then_signal)
+
+
+@pytest.mark.parametrize(("number", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_finishes_the_step_checkpoints_and_resumes(
+    workspace, tmp_path, monkeypatch, number, exit_code
+) -> None:
+    steps = {"train.steps": 8, "output.save_every": 100}
+    reference = train(load_config(None, _overrides(workspace, tmp_path / "reference", **steps)))
+    config = load_config(None, _overrides(workspace, tmp_path / "run", **steps))
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with monkeypatch.context() as patch:
+        _signal_during_step(patch, 3, number)
+        with pytest.raises(TrainingInterrupted) as caught:
+            train(config)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000003"
+    assert caught.value.exit_code == exit_code and caught.value.checkpoint == checkpoint
+    assert str(caught.value) == (
+        f"interrupted by {signal.Signals(number).name} at step 3; checkpoint saved to {checkpoint}; "
+        "run the same command again to resume"
+    )
+    assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["step-00000003"]
+    assert not (tmp_path / "run" / "heads").exists()
+    resumed = train(config)
+    for name, value in _heads(reference).items():
+        torch.testing.assert_close(_heads(resumed)[name], value, rtol=0, atol=1e-6)
+
+
+def test_an_interrupted_extension_of_a_finished_run_still_resumes(workspace, tmp_path, monkeypatch) -> None:
+    train(load_config(None, _overrides(workspace, tmp_path / "run", **{"train.steps": 4, "output.save_every": 100})))
+    longer = load_config(None, _overrides(workspace, tmp_path / "run", **{"train.steps": 8, "output.save_every": 100}))
+    with monkeypatch.context() as patch:
+        _signal_during_step(patch, 6, signal.SIGINT)
+        with pytest.raises(TrainingInterrupted):
+            train(longer)
+    train(longer)
+    assert json.loads((tmp_path / "run" / "final_state.json").read_text())["step"] == 8
 
 
 def _launch(args: list[str], env_extra: dict | None = None) -> subprocess.Popen:
@@ -130,6 +257,46 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(workspace, tmp_path) 
     assert "resumed from" in resumed.stdout + resumed.stderr
     for name, value in _heads(reference).items():
         torch.testing.assert_close(_heads(out / "heads")[name], value, rtol=0, atol=1e-6)
+
+
+def test_ctrl_c_in_specheads_train_checkpoints_and_exits_130_without_a_traceback(workspace, tmp_path) -> None:
+    out = tmp_path / "run"
+    steps = {"train.steps": 40, "output.save_every": 2, "output.keep_last": 100}
+    command = [sys.executable, "-m", "specheads.cli", "train", *_overrides(workspace, out, **steps)]
+    process = _launch(command)
+    try:
+        deadline = time.time() + 120  # a guard against a hang, not a measurement
+        while not (out / "checkpoints" / "step-00000002").is_dir():  # a step has happened
+            assert process.poll() is None, process.stdout.read()
+            assert time.time() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, output
+    assert "Traceback" not in output, output
+    assert not (out / "heads").exists(), "the run finished before it could be interrupted; make it longer"
+    message = re.fullmatch(
+        r"specheads train: interrupted by SIGINT at step (\d+); checkpoint saved to (\S+); "
+        r"run the same command again to resume",
+        output.strip().splitlines()[-1],
+    )
+    assert message, output
+    checkpoint = Path(message[2])
+    assert checkpoint == out / "checkpoints" / f"step-{int(message[1]):08d}"
+    assert (checkpoint / "trainer_state.json").is_file()
+    resumed = subprocess.run(
+        command,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed from {checkpoint} at step {message[1]}" in resumed.stdout
+    assert json.loads((out / "final_state.json").read_text())["step"] == 40
 
 
 def test_two_processes_agree_with_one(workspace, tmp_path) -> None:
