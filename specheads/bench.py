@@ -21,6 +21,7 @@ and, for each ``--heads`` checkpoint, ``<head type>-<tree>`` (e.g. ``medusa-chai
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import statistics
@@ -112,6 +113,12 @@ def _hf_runner(model: PreTrainedModel, pad_token_id: int, **generate_kwargs: Any
     return run
 
 
+def _own_assisted_call_warning(record: logging.LogRecord) -> bool:
+    """Drop the deprecation warning transformers' assisted generation raises about its own call (its candidate
+    generator passes the assistant both ``generation_config`` and generation keywords); it says nothing about ours."""
+    return "together with generation-related arguments" not in record.getMessage()
+
+
 def _left_padded(group: list[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids [B, T], attention_mask [B, T])`` of prompts ``[1, T_i]``, padded on the left to the longest."""
     longest = max(ids.shape[1] for ids in group)
@@ -162,6 +169,7 @@ def build_methods(
     pad = 0 if pad is None else pad  # padded positions are masked: any id will do
     methods = [BenchMethod("hf-greedy", _hf_runner(base, pad))]
     if draft is not None:
+        logging.getLogger("transformers.generation.utils").addFilter(_own_assisted_call_warning)
         methods.append(BenchMethod("hf-assisted", _hf_runner(base, pad, assistant_model=draft), batched=False))
     methods.append(
         BenchMethod("hf-prompt-lookup", _hf_runner(base, pad, prompt_lookup_num_tokens=lookup_k), batched=False)

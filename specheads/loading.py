@@ -3,11 +3,13 @@ everywhere (vocabulary size, EOS ids, pad id, vocabulary agreement): one place e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from specheads import assets
 
@@ -34,10 +36,31 @@ def load_causal_lm(
         path = assets.resolve(str(model), role=role)
         if str(path).startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
             raise FileNotFoundError(f"the {role} model folder {path} does not exist")
-        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        with _loading_bar(path):
+            loaded = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if device is not None:
         loaded = loaded.to(device)
     return loaded.eval()
+
+
+# Below this, a local checkpoint loads in well under a second and transformers' per-tensor "Loading weights" bar
+# is noise between a command's own output; above it (or for a hub id) the bar says what the wait is for.
+QUIET_LOAD_BYTES = 512 * 1024 * 1024
+
+
+@contextmanager
+def _loading_bar(path: str | Path) -> Iterator[None]:
+    """transformers' weight-loading bar, left on only for checkpoints big enough to make a user wait."""
+    folder = Path(path).expanduser()
+    small = folder.is_dir() and sum(f.stat().st_size for f in folder.glob("*.safetensors")) < QUIET_LOAD_BYTES
+    if not small or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def load_tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:

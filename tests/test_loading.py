@@ -37,3 +37,28 @@ def test_pad_id_prefers_the_tokenizer_then_the_config_then_eos() -> None:
     assert pad_token_id(model, tokenizer) == 4
     tokenizer.pad_token = tokenizer.convert_ids_to_tokens(5)
     assert pad_token_id(model, tokenizer) == 5
+
+
+def test_a_small_local_checkpoint_loads_without_transformers_progress_bar(tmp_path, capsys) -> None:
+    from transformers.utils import logging as hf_logging
+
+    from specheads.loading import load_causal_lm
+
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    capsys.readouterr()
+    load_causal_lm(str(tmp_path / "base"))
+    assert "Loading weights" not in capsys.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # switched off for the load only
+
+
+def test_bench_drops_only_the_warning_transformers_raises_about_its_own_assisted_call() -> None:
+    import logging
+
+    from specheads.bench import _own_assisted_call_warning
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("transformers.generation.utils", logging.WARNING, __file__, 1, message, None, None)
+
+    own = "Passing `generation_config` together with generation-related arguments=({'min_new_tokens'}) is deprecated"
+    assert not _own_assisted_call_warning(record(own))
+    assert _own_assisted_call_warning(record("Setting `pad_token_id` to `eos_token_id`"))
