@@ -332,7 +332,7 @@ def _train(args: argparse.Namespace) -> int:
     except TrainingInterrupted as interrupted:  # the current step was finished and checkpointed
         print(f"specheads train: {interrupted}", file=sys.stderr)
         return interrupted.exit_code
-    except KeyboardInterrupt:  # before the first step, or a second Ctrl-C: the last complete checkpoint is kept
+    except KeyboardInterrupt:  # before the first step or after the last: the last complete checkpoint is kept
         print("specheads train: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
 

@@ -383,17 +383,20 @@ def _agree_on_stop(run: Run, out_of_time: bool) -> bool:
 
 @contextmanager
 def _stop_on_signals(run: Run) -> Iterator[None]:
-    """SIGINT and SIGTERM set ``run.stop_signal`` (the loop checkpoints and stops after the current step); a second
-    one raises ``KeyboardInterrupt`` at once (the last complete checkpoint stays). The previous handlers come back on
-    exit. Python can only set handlers in the main thread: elsewhere the signals keep their handlers."""
+    """SIGINT and SIGTERM set ``run.stop_signal``: the loop finishes the current step, checkpoints and stops.
+
+    Repeated signals change nothing: launchers (``accelerate launch``, torchrun) forward the terminal's Ctrl-C to
+    processes that already received it, and the checkpoint must still be written (SIGKILL stops at once; the last
+    complete checkpoint stays). The previous handlers come back on exit. Python sets handlers in the main thread
+    only: elsewhere the signals keep theirs.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def request_stop(signal_number: int, frame: Any) -> None:
-        if run.stop_signal is not None:
-            raise KeyboardInterrupt
-        run.stop_signal = signal_number
+        if run.stop_signal is None:
+            run.stop_signal = signal_number
 
     previous = {number: signal.signal(number, request_stop) for number in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -169,8 +169,8 @@ def test_the_trainer_writes_its_files_through_the_atomic_writer(workspace, tmp_p
     assert set(written) == expected
 
 
-def _signal_during_step(monkeypatch, step: int, number: int) -> None:
-    """Deliver ``number`` to this process while optimizer step ``step`` runs."""
+def _signal_during_step(monkeypatch, step: int, number: int, times: int = 1) -> None:
+    """Deliver ``number`` to this process ``times`` times while optimizer step ``step`` runs."""
     from specheads.training import trainer
 
     original = trainer._train_batch
@@ -178,7 +178,8 @@ def _signal_during_step(monkeypatch, step: int, number: int) -> None:
     def batch_then_signal(run, batch):
         metrics = original(run, batch)
         if run.step + 1 == step:
-            signal.raise_signal(number)
+            for _ in range(times):
+                signal.raise_signal(number)
         return metrics
 
     monkeypatch.setattr(trainer, "_train_batch", batch_then_signal)
@@ -208,6 +209,16 @@ def test_a_signal_finishes_the_step_checkpoints_and_resumes(
     resumed = train(config)
     for name, value in _heads(reference).items():
         torch.testing.assert_close(_heads(resumed)[name], value, rtol=0, atol=1e-6)
+
+
+def test_a_signal_repeated_by_a_launcher_still_checkpoints(workspace, tmp_path, monkeypatch) -> None:
+    """accelerate launch / torchrun forward the terminal's Ctrl-C to ranks that already received it."""
+    config = load_config(None, _overrides(workspace, tmp_path / "run", **{"output.save_every": 100}))
+    with monkeypatch.context() as patch:
+        _signal_during_step(patch, 2, signal.SIGINT, times=2)
+        with pytest.raises(TrainingInterrupted, match="at step 2; checkpoint saved"):
+            train(config)
+    assert (tmp_path / "run" / "checkpoints" / "step-00000002" / "trainer_state.json").is_file()
 
 
 def test_an_interrupted_extension_of_a_finished_run_still_resumes(workspace, tmp_path, monkeypatch) -> None:
