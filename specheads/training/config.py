@@ -102,7 +102,7 @@ class TrainConfig:
     lr: float = 1e-3
     heads_lr_multiplier: float = 4.0  # Medusa-2: heads learn faster than the LoRA adapters
     weight_decay: float = 0.0
-    steps: int | None = None  # optimizer steps; when None, epochs decide
+    steps: int | None = None  # optimizer steps; when None, epochs decide. Raised, a finished run continues
     epochs: float = 1.0
     batch_size: int = 8  # per process, per micro-batch
     grad_accumulation: int = 1
@@ -142,7 +142,7 @@ class LogConfig:
 @dataclass
 class OutputConfig:
     dir: str = "runs/medusa"
-    save_every: int = 100  # optimizer steps between checkpoints (0: only at the end)
+    save_every: int = 100  # steps between checkpoints; the step a run ends or is stopped at always saves (0: only it)
     keep_last: int = 2
 
 
