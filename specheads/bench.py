@@ -473,10 +473,14 @@ def _plot_bars(plt: Any, report: dict[str, Any]) -> Any:
     speedups = [row["speedup"] for row in rows]
     low = [row["speedup"] - min(row["speedup_per_prompt_iqr"][0], row["speedup"]) for row in rows]
     high = [max(row["speedup_per_prompt_iqr"][1], row["speedup"]) - row["speedup"] for row in rows]
-    colors = ["#999999" if name.startswith("hf-") else "#1f77b4" for name in names]
-    figure, axis = plt.subplots(figsize=(max(6, 0.8 * len(rows)), 4))
-    axis.bar(names, speedups, color=colors, yerr=[low, high], capsize=3)
+    transformers_color, specheads_color = "#999999", "#1f77b4"
+    colors = [transformers_color if name.startswith("hf-") else specheads_color for name in names]
+    figure, axis = plt.subplots(figsize=(max(7, 0.9 * len(rows)), 4.5))
+    bars = axis.bar(names, speedups, color=colors, yerr=[low, high], capsize=3)
+    axis.bar_label(bars, labels=[f"{value:.2f}x" for value in speedups], label_type="center", color="white", fontsize=7)
     axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color) for color in (transformers_color, specheads_color)]
+    axis.legend(handles, ["transformers generate (hf-*)", "specheads"], fontsize=8, loc="upper left")
     axis.set_ylabel("speed-up over hf-greedy (tokens/s ratio)")
     size = report.get("batch_sizes", [1])[0]
     axis.set_title(
@@ -486,7 +490,8 @@ def _plot_bars(plt: Any, report: dict[str, Any]) -> Any:
         + f" (bars: total; whiskers: per-{'group' if size > 1 else 'prompt'} IQR)",
         fontsize=9,
     )
-    axis.tick_params(axis="x", rotation=30)
+    plt.setp(axis.get_xticklabels(), rotation=35, ha="right", rotation_mode="anchor", fontsize=8)
+    axis.set_ylim(0, max(max(speedups) + max(high, default=0.0), 1.0) * 1.15)
     return figure
 
 
