@@ -320,21 +320,8 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from specheads.train import run
-    from specheads.training.config import load_config
-    from specheads.training.trainer import TrainingInterrupted, finished_run
 
-    finished = finished_run(load_config(args.config, args.overrides))
-    if finished is not None:
-        print(f"{finished.parent} holds this run, complete: heads in {finished} (raise train.steps to train further)")
-        return 0
-    try:
-        return run(args.config, args.overrides)
-    except TrainingInterrupted as interrupted:  # the current step was finished and checkpointed
-        print(f"specheads train: {interrupted}", file=sys.stderr)
-        return interrupted.exit_code
-    except KeyboardInterrupt:  # before the first step or after the last: the last complete checkpoint is kept
-        print("specheads train: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+    return run(args.config, args.overrides)
 
 
 def _add_distill(subparsers: argparse._SubParsersAction) -> None:

@@ -17,12 +17,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(config_path: str | None, overrides: Sequence[str]) -> int:
+    """Train as the recipe says and return the exit code: 0 when the heads are written, or when this run already
+    finished (nothing changes; raise ``train.steps`` to continue it); 130 / 143 after SIGINT / SIGTERM, with a
+    checkpoint of the last finished step and one line on stderr instead of a traceback."""
     from specheads.training.config import load_config
-    from specheads.training.trainer import train
+    from specheads.training.trainer import TrainingInterrupted, finished_run, train
 
     config = load_config(config_path, list(overrides))
+    finished = finished_run(config)
+    if finished is not None:
+        print(f"{finished.parent} holds this run, complete: heads in {finished} (raise train.steps to train further)")
+        return 0
     try:
         heads_dir = train(config)
+    except TrainingInterrupted as interrupted:  # the current step was finished and checkpointed
+        print(f"specheads train: {interrupted}", file=sys.stderr)
+        return interrupted.exit_code
+    except KeyboardInterrupt:  # before the first step or after the last: the last complete checkpoint is kept
+        print("specheads train: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
     finally:
         _shutdown_distributed()
     print(f"heads written to {heads_dir}")

@@ -114,14 +114,16 @@ def _files(root: Path) -> dict[str, tuple[int, bytes]]:
 
 def test_rerunning_a_finished_run_changes_nothing(workspace, tmp_path, capsys) -> None:
     from specheads.cli import main
+    from specheads.train import main as train_entry_point
 
     args = _overrides(workspace, tmp_path / "run", **{"train.steps": 6, "output.save_every": 100})
     heads_dir = train(load_config(None, args))
     before = _files(tmp_path / "run")
     capsys.readouterr()
-    assert main(["train", *args]) == 0
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and "complete" in out[0] and str(heads_dir) in out[0], out
+    for entry_point in (lambda: main(["train", *args]), lambda: train_entry_point(args)):  # CLI, accelerate launch
+        assert entry_point() == 0
+        out = capsys.readouterr().out.strip().splitlines()
+        assert len(out) == 1 and "complete" in out[0] and str(heads_dir) in out[0], out
     assert train(load_config(None, args)) == heads_dir
     assert _files(tmp_path / "run") == before
 
