@@ -281,6 +281,8 @@ class SpecDecoder:
             tick = time.perf_counter()
             proposals = _per_row(self.drafter.propose(state, request), state.batch_size)
             proposals = [_truncated(p, limit) for p, limit in zip(proposals, limits, strict=True)]
+            if state.tokens.device.type == "cuda":  # queued draft kernels belong to the draft time, not the verify's
+                torch.cuda.synchronize(state.tokens.device)
             tock = time.perf_counter()
             active = list(state.rows)
             emitted = self._verify_accept_commit(state, proposals, settings, max_length)
@@ -467,10 +469,11 @@ class SpecDecoder:
         longest = max(len(keep) for keep in keeps)
         index = torch.tensor([keep + [keep[-1]] * (longest - len(keep)) for keep in keeps])
         rows = torch.arange(len(keeps))[:, None]
-        return tuple(
-            out.hidden_states[layer][rows, index.to(out.hidden_states[layer].device)]
-            for layer in self.drafter.hidden_state_layers
-        )
+        kept = []
+        for layer in self.drafter.hidden_state_layers:  # layers may sit on different devices (device_map)
+            hidden = out.hidden_states[layer]
+            kept.append(hidden[rows.to(hidden.device), index.to(hidden.device)])
+        return tuple(kept)
 
     def _generator(self, settings: _Settings, seed: int | None) -> torch.Generator | None:
         """A row's random source: seeded with ``seed``, so a row draws the same alone or in any batch."""
