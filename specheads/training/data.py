@@ -297,7 +297,9 @@ def _in_heldout(key: str, fraction: float) -> bool:
 def _document_ids(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
     """Token ids of each document followed by EOS (when the tokenizer has one and did not add it already)."""
     eos = tokenizer.eos_token_id
-    encoded = tokenizer(texts, add_special_tokens=True)["input_ids"]
+    # Documents longer than the model's window are expected: packing or truncation cuts them to max_length later, so
+    # the tokenizer's "longer than the specified maximum sequence length" warning is noise here (verbose=False).
+    encoded = tokenizer(texts, add_special_tokens=True, verbose=False)["input_ids"]
     return [ids + [eos] if eos is not None and (not ids or ids[-1] != eos) else ids for ids in encoded]
 
 
@@ -414,7 +416,7 @@ def _tokenize_with_targets(
 ) -> tuple[list[int], list[int]]:
     """Token ids of ``text`` (no added special tokens: the template wrote them) and 1 where a token overlaps a span."""
     if getattr(tokenizer, "is_fast", False):
-        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         targets = [
             int(any(start < span_end and span_start < end for span_start, span_end in spans))
             for start, end in encoding["offset_mapping"]
@@ -427,7 +429,7 @@ def _tokenize_with_targets(
     for span_start, span_end in [*spans, (len(text), len(text))]:
         for piece, is_target in ((text[position:span_start], 0), (text[span_start:span_end], 1)):
             if piece:
-                piece_ids = tokenizer(piece, add_special_tokens=False)["input_ids"]
+                piece_ids = tokenizer(piece, add_special_tokens=False, verbose=False)["input_ids"]
                 ids += piece_ids
                 targets += [is_target] * len(piece_ids)
         position = span_end

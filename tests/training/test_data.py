@@ -73,6 +73,17 @@ def test_packing_cuts_exact_windows_across_documents(tmp_path, tokenizer):
     assert all(row["attention_mask"] == [1] * 4 and row["loss_mask"] == [1] * 4 for row in rows)
 
 
+def test_documents_longer_than_the_model_window_do_not_warn(tmp_path, caplog):
+    """Packing cuts long documents into windows: the tokenizer's "indexing errors" warning is noise there."""
+    tokenizer = tiny_tokenizer()  # its own: the warning is given once per tokenizer object
+    tokenizer.model_max_length = 16
+    write(tmp_path / "long.txt", "abcdefgh" * 20)
+    with caplog.at_level("WARNING"):
+        rows = build_dataset(DataConfig(paths=[str(tmp_path)], format="text", max_length=8), tokenizer)
+    assert len(rows) == 20
+    assert "longer than the specified maximum sequence length" not in caplog.text
+
+
 def test_folder_is_recursive_sorted_and_skips_hidden_and_binary(tmp_path, tokenizer):
     write(tmp_path / "b.md", "B")
     write(tmp_path / "a" / "z.py", "A")
