@@ -40,6 +40,7 @@ from specheads.export.layouts import (
 from specheads.heads.checkpoint import HeadCheckpointError, base_model_info, check_base
 from specheads.heads.eagle import EagleConfig, EagleHead, default_layer_ids
 from specheads.heads.medusa import MedusaConfig, MedusaHeads
+from specheads.loading import vocab_size
 
 FORMATS = ("eagle3", "speculators", "eagle", "medusa")
 METADATA_KEY = "specheads_base_model"  # safetensors metadata: specheads' record of the base (engines ignore it)
@@ -504,7 +505,7 @@ def _import_eagle(
     llama = LlamaConfig.from_dict({k: v for k, v in layer.items() if k not in ("architectures", "auto_map")})
     num_layers = int(base.config.num_hidden_layers)
     hidden = int(base.get_output_embeddings().weight.shape[1])
-    vocab = int(base.get_output_embeddings().weight.shape[0])
+    vocab = vocab_size(base)
     if llama.hidden_size != hidden:
         raise _shape_error(where, "the hidden size", llama.hidden_size, hidden)
     if llama.vocab_size != vocab:
@@ -579,7 +580,7 @@ def _import_medusa(
 ) -> MedusaHeads:
     heads, layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
     hidden = int(base.get_output_embeddings().weight.shape[1])
-    vocab = int(base.get_output_embeddings().weight.shape[0])
+    vocab = vocab_size(base)
     first = tensors.get("0.0.linear.weight")
     if first is None:
         raise HeadCheckpointError(f"{where}: no 0.0.linear.weight; not a Medusa head file")

@@ -20,6 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from specheads.loading import vocab_size
+
 SPECHEADS_FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -37,7 +39,7 @@ def base_model_info(base: PreTrainedModel) -> dict[str, Any]:
         "name_or_path": getattr(config, "_name_or_path", "") or "",
         "architectures": list(getattr(config, "architectures", None) or [type(base).__name__]),
         "hidden_size": int(base.get_output_embeddings().weight.shape[1]),
-        "vocab_size": int(base.get_output_embeddings().weight.shape[0]),
+        "vocab_size": vocab_size(base),
         "num_hidden_layers": int(getattr(config, "num_hidden_layers", 0) or 0),
         "fingerprint": fingerprint(base),
         "weight_sample": weight_sample(base),
@@ -57,7 +59,7 @@ def fingerprint(base: PreTrainedModel) -> str:
     shape = {
         "model_type": getattr(config, "model_type", None),
         "hidden_size": int(base.get_output_embeddings().weight.shape[1]),
-        "vocab_size": int(base.get_output_embeddings().weight.shape[0]),
+        "vocab_size": vocab_size(base),
         "num_hidden_layers": getattr(config, "num_hidden_layers", None),
     }
     digest = hashlib.sha256(json.dumps({"shape": shape, "sample": weight_sample(base)}, sort_keys=True).encode())

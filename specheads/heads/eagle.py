@@ -50,6 +50,7 @@ from specheads.heads.checkpoint import (
     save_checkpoint,
 )
 from specheads.inference import kv_cache
+from specheads.loading import vocab_size
 
 
 @dataclass
@@ -264,7 +265,7 @@ class EagleHead(nn.Module):
             norm_before_residual: version 3 layer variant (see :class:`Eagle3Layer`).
         """
         num_layers = int(getattr(base_model.config, "num_hidden_layers", 0) or base_model.config.n_layer)
-        vocab = int(base_model.get_output_embeddings().weight.shape[0])
+        vocab = vocab_size(base_model)
         if version == 1:
             if layer_ids is not None or draft_vocab_size not in (None, vocab):
                 raise ValueError("EAGLE-1 takes no layer_ids and no draft_vocab_size (it reads the last feature)")

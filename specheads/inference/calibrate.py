@@ -27,6 +27,7 @@ import torch
 
 from specheads.inference import kv_cache
 from specheads.inference.trees import tree_from_parents
+from specheads.loading import vocab_size
 
 
 @dataclass
@@ -156,7 +157,7 @@ def measure_verify_cost(
     model: torch.nn.Module, prefix_len: int = 256, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 10
 ) -> dict[int, float]:
     """Median forward time (ms) of ``q`` tree tokens over a cached ``prefix_len``-token prefix, for each q."""
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = vocab_size(model)
     device = model.get_output_embeddings().weight.device
     generator = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, prefix_len), generator=generator).to(device)

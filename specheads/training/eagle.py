@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from specheads.heads.eagle import EagleHead
+from specheads.loading import vocab_size
 from specheads.training.config import EagleHeadsConfig
 from specheads.training.evaluate import RANKS, agreement_summary
 from specheads.training.losses import draft_cross_entropy, eagle1_loss, eagle_targets, ttt_weights
@@ -25,7 +26,7 @@ from specheads.training.losses import draft_cross_entropy, eagle1_loss, eagle_ta
 def build_heads(base: torch.nn.Module, section: EagleHeadsConfig, dataset: Any) -> EagleHead:
     """A fresh fp32 EAGLE head; a reduced draft vocabulary takes the most frequent target tokens of ``dataset``."""
     counts = None
-    vocab = base.get_output_embeddings().weight.shape[0]
+    vocab = vocab_size(base)
     if section.version == 3 and section.draft_vocab_size is not None and section.draft_vocab_size < vocab:
         counts = token_counts(dataset, vocab)
     return EagleHead.from_base(
