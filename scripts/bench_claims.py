@@ -18,7 +18,8 @@ Four claims, each checked with what it is about:
 
 Usage::
 
-    python scripts/bench_claims.py --limit 24 --max-new-tokens 128 --threads 1 --out claims.json
+    python scripts/bench_claims.py --limit 40 --max-new-tokens 128 --threads 1 --out claims.json   # ~17 min
+    python scripts/bench_claims.py --from-json claims.json   # the tables and verdicts again
 
 Prints markdown tables and one verdict line per claim; ``--out`` gets every number as JSON.
 """
@@ -467,11 +468,31 @@ def required_tau(rows: list[dict[str, Any]], name: str, target: float) -> float:
     return target * _row(rows, name)["ms_per_step"] / hf_ms_per_token
 
 
+def per_token_acceptance(tau: float, k: int) -> float | None:
+    """The i.i.d. per-token acceptance a with 1 + a + ... + a^K = tau on a chain of K (None: tau > K + 1)."""
+    if tau > k + 1:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if sum(middle**i for i in range(k + 1)) < tau else (low, middle)
+    return low
+
+
+def _needs(greedy: list[dict[str, Any]], k: int, target: float) -> str:
+    tau = required_tau(greedy, f"draft-k{k}", target)
+    rate = per_token_acceptance(tau, k)
+    reach = "out of reach" if rate is None else f"a per-token acceptance of {rate:.2f}"
+    return f"{target:g}x at K={k} would need tau {tau:.1f} (at most {k + 1}) at this draft's cost per step: {reach}"
+
+
 def verdicts(greedy: list[dict[str, Any]], sampling: list[dict[str, Any]], tiny: dict[str, Any]) -> list[str]:
     """One line per claim: true / false / partly, with the numbers."""
-    speed = {k: _row(greedy, f"draft-k{k}")["speedup"] for k in DRAFT_KS}
-    tau = {k: _row(greedy, f"draft-k{k}")["mean_accepted_length"] for k in DRAFT_KS}
+    rows = {k: _row(greedy, f"draft-k{k}") for k in DRAFT_KS}
+    speed = {k: row["speedup"] for k, row in rows.items()}
+    tau = {k: row["mean_accepted_length"] for k, row in rows.items()}
     eagle = {k: _row(greedy, f"eagle-chain-{k}")["speedup"] for k in DRAFT_KS}
+    plain = _row(greedy, "none")["speedup"]
     best_k = max(speed, key=speed.get)
     best_eagle = max(eagle, key=eagle.get)
     k1 = "true" if abs(speed[1] - 1.1) <= 0.1 else "false"
@@ -479,18 +500,18 @@ def verdicts(greedy: list[dict[str, Any]], sampling: list[dict[str, Any]], tiny:
     k5 = "true" if k5_range and k5_best else "partly" if k5_range or k5_best else "false"
     gain_8_10 = tau[10] - tau[8]
     k10 = "true" if speed[10] < speed[best_k] and gain_8_10 < tau[5] - tau[3] else "false"
-    lines = [
-        f"K=1 ~1.1x: {k1} ({speed[1]:.2f}x, tau {tau[1]:.2f}).",
-        f"K=5 2-3x and optimal: {k5} (K=5 {speed[5]:.2f}x, tau {tau[5]:.2f}; best K={best_k} at {speed[best_k]:.2f}x; "
-        f"a 2x at K=5 would need tau {required_tau(greedy, 'draft-k5', 2.0):.1f} at this draft's cost per step, "
-        f"more than the K+1 = 6 possible). EAGLE-3 chains: best K={best_eagle} at {eagle[best_eagle]:.2f}x, "
-        f"K=5 {eagle[5]:.2f}x.",
+    return [
+        f"K=1 ~1.1x: {k1} ({speed[1]:.2f}x hf-greedy, tau {tau[1]:.2f}; {speed[1] / plain:.2f}x the engine's own "
+        f"plain decoding, which is {plain:.2f}x hf-greedy).",
+        f"K=5 2-3x and optimal: {k5} (K=5 {speed[5]:.2f}x, tau {tau[5]:.2f}, acceptance "
+        f"{rows[5]['acceptance_rate']:.2f}; best K={best_k} at {speed[best_k]:.2f}x; {_needs(greedy, 5, 2.0)}). "
+        f"EAGLE-3 chains: best K={best_eagle} at {eagle[best_eagle]:.2f}x, K=5 {eagle[5]:.2f}x.",
         f"K=10 diminishing: {k10} (K=10 {speed[10]:.2f}x, tau {tau[10]:.2f} vs {tau[8]:.2f} at K=8: +{gain_8_10:.2f} "
-        f"tokens per step for two more draft forwards; EAGLE-3 K=10 {eagle[10]:.2f}x).",
+        f"tokens per step for two more draft forwards; EAGLE-3 K=10 {eagle[10]:.2f}x against {eagle[best_eagle]:.2f}x "
+        f"at K={best_eagle}).",
+        *_draft_verdict(greedy),
+        *_rule_verdicts(sampling, tiny),
     ]
-    lines += _draft_verdict(greedy)
-    lines += _rule_verdicts(sampling, tiny)
-    return lines
 
 
 def _draft_verdict(greedy: list[dict[str, Any]]) -> list[str]:
@@ -510,7 +531,8 @@ def _draft_verdict(greedy: list[dict[str, Any]]) -> list[str]:
         f"best zero-training one, {best_other['name']}, {best_other['speedup']:.2f}x at acceptance "
         f"{best_other['acceptance_rate']:.2f}; the EAGLE-3 heads, 1.2M parameters reading the base's features, "
         f"{eagle['name']} {eagle['speedup']:.2f}x at acceptance {eagle['acceptance_rate']:.2f}). A perfect draft "
-        f"costing what the 0.9M draft costs per step would reach at most {ceiling[best_k]:.2f}x (K={best_k}).",
+        f"costing what the 0.9M draft costs per step would reach at most {ceiling[best_k]:.2f}x (K={best_k}); "
+        f"{_needs(greedy, best_k, 2.5)}.",
     ]
 
 
@@ -642,7 +664,7 @@ def git_commit() -> str | None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit", type=int, default=24, help="held-out prompts (of 67)")
+    parser.add_argument("--limit", type=int, default=40, help="held-out prompts (of 67)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", help="write every number here (JSON)")
@@ -651,6 +673,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mc-samples", type=int, default=20000, help="Monte-Carlo seeds per rule (0: skip)")
     parser.add_argument("--tiny-prompts", type=int, default=15, help="random prompts besides [3, 5, 7] for exact TV")
     parser.add_argument("--skip-default", action="store_true", help="only the tiny-model part (for quick checks)")
+    parser.add_argument("--from-json", help="measure nothing: print the tables and verdicts of a saved --out file")
     args = parser.parse_args(argv)
     for name in ("limit", "max_new_tokens", "threads", "sampling_k"):
         if getattr(args, name) < 1:
@@ -691,6 +714,11 @@ def measure_default(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.from_json:  # the verdicts are recomputed from the saved numbers
+        report = json.loads(Path(args.from_json).read_text())
+        report["verdicts"] = verdicts(report["greedy"], report["sampling"], report["tiny"])
+        print(markdown(report))
+        return
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()  # the truncated bases' unused-weights report
     start, load_before = time.perf_counter(), load_average()
