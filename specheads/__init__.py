@@ -6,8 +6,9 @@ pay for torch and transformers until something needs them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from specheads._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -56,13 +57,4 @@ if TYPE_CHECKING:
     from specheads.metrics import SpecStats
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'specheads' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports("specheads", _EXPORTS, globals())

@@ -635,15 +635,11 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _set_threads(threads: int | None) -> MachineLoad:
-    """Set torch's CPU threads: ``--threads`` when given, else only the cores other processes leave idle (see
-    ``specheads.machine``: spinning OpenMP threads collapse when a core is taken). Returns the load it saw."""
-    import torch
+    """``--threads``, else the idle cores (see ``specheads.machine``: spinning OpenMP threads collapse when a core
+    is taken). Returns the load it saw."""
+    from specheads import machine
 
-    from specheads.machine import choose_threads, measure_load
-
-    load = measure_load()
-    torch.set_num_threads(choose_threads(threads, load, torch.get_num_threads()))
-    return load
+    return machine.set_torch_threads(threads)
 
 
 def _warn_if_busy(load: MachineLoad, when: str = "") -> None:

@@ -14,7 +14,7 @@ from rich.table import Table
 from specheads import assets
 from specheads.bench import build_methods, run_bench, summarize
 from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.machine import LoadMeter, busy_warning, choose_threads, measure_load
+from specheads.machine import LoadMeter, busy_warning, set_torch_threads
 from specheads.prompts import load_prompts
 
 DEMO_DRAFT_K = (
@@ -56,9 +56,7 @@ def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | No
             f"--prompt-index must lie in [0, {len(prompts) - 1}] (the shipped prompts), got {prompt_index}"
         )
     prompt = prompts[prompt_index]
-    load = measure_load()
-    torch.set_num_threads(choose_threads(threads, load, torch.get_num_threads()))
-    note = busy_warning(load, torch.get_num_threads())
+    note = busy_warning(set_torch_threads(threads), torch.get_num_threads())
     if note:
         console.print(f"[yellow]{note}[/yellow]")
     tokenizer = load_tokenizer("default")

@@ -101,9 +101,18 @@ class LoadMeter:
 def measure_load(seconds: float = SAMPLE_SECONDS) -> MachineLoad:
     """Sample how busy the other processes keep the machine over ``seconds``."""
     meter = LoadMeter().start()
-    if meter._before is not None:
-        time.sleep(seconds)
+    time.sleep(seconds)
     return meter.stop()
+
+
+def set_torch_threads(requested: int | None) -> MachineLoad:
+    """Set torch's CPU threads: ``requested`` when given, else only the cores other processes leave idle. Returns
+    the load it saw (for a busy note)."""
+    import torch
+
+    load = measure_load()
+    torch.set_num_threads(choose_threads(requested, load, torch.get_num_threads()))
+    return load
 
 
 def choose_threads(requested: int | None, load: MachineLoad, ceiling: int) -> int:

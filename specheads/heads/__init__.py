@@ -5,8 +5,9 @@ Names are imported on first use (PEP 562): the registry alone does not need torc
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from specheads._lazy import lazy_exports
 
 _EXPORTS = {
     "HEAD_TYPES": "specheads.heads.registry",
@@ -42,13 +43,4 @@ if TYPE_CHECKING:
     from specheads.heads.registry import HEAD_TYPES, HeadType, head_type_of
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'specheads.heads' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports("specheads.heads", _EXPORTS, globals())

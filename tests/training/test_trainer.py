@@ -234,15 +234,23 @@ def test_an_interrupted_extension_of_a_finished_run_still_resumes(workspace, tmp
     assert json.loads((tmp_path / "run" / "final_state.json").read_text())["step"] == 8
 
 
-def _launch(args: list[str], env_extra: dict | None = None) -> subprocess.Popen:
-    env = {
+def _env(env_extra: dict | None = None) -> dict:
+    return {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         **(env_extra or {}),
     }
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _launch(args: list[str], env_extra: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(args, env=_env(env_extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _run(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run a training command to its end (a guard against a hang, not a measurement)."""
+    return subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def test_resume_after_sigkill_matches_an_uninterrupted_run(workspace, tmp_path) -> None:
@@ -259,13 +267,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(workspace, tmp_path) 
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (out / "heads").exists(), "the run finished before it could be killed; make it longer"
-    resumed = subprocess.run(
-        command,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    resumed = _run(command)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resumed from" in resumed.stdout + resumed.stderr
     for name, value in _heads(reference).items():
@@ -300,13 +302,7 @@ def test_ctrl_c_in_specheads_train_checkpoints_and_exits_130_without_a_traceback
     checkpoint = Path(message[2])
     assert checkpoint == out / "checkpoints" / f"step-{int(message[1]):08d}"
     assert (checkpoint / "trainer_state.json").is_file()
-    resumed = subprocess.run(
-        command,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    resumed = _run(command)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from {checkpoint} at step {message[1]}" in resumed.stdout
     assert json.loads((out / "final_state.json").read_text())["step"] == 40
@@ -333,13 +329,7 @@ def test_two_processes_agree_with_one(workspace, tmp_path) -> None:
         "specheads.train",
         *_overrides(workspace, out, **{**common, "train.batch_size": 2}),
     ]
-    result = subprocess.run(
-        command,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = _run(command, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     final = json.loads((out / "final_state.json").read_text())
     assert final["world_size"] == 2
