@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ SPECHEADS_FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+FLOAT32_EXACT_INTEGERS = 2**24  # float32 holds every integer up to here, and not every one above
 
 
 class HeadCheckpointError(ValueError):
@@ -46,11 +48,66 @@ def base_model_info(base: PreTrainedModel) -> dict[str, Any]:
     }
 
 
-def weight_sample(base: PreTrainedModel, size: int = 32) -> list[float]:
-    """A fixed, evenly spaced sample of the base's output-embedding weights (fp32 values)."""
+def weight_sample(base: PreTrainedModel, size: int = 32, fused: bool = True) -> list[float]:
+    """A fixed, evenly spaced sample of the base's output-embedding weights (fp32 values).
+
+    Args:
+        base: the base model.
+        size: how many weights (fewer when the lm_head has fewer elements).
+        fused: which rounding of earlier fingerprints to reproduce on small bases (see :func:`sample_indices`).
+    """
     weight = base.get_output_embeddings().weight.detach().flatten()
-    index = torch.linspace(0, weight.numel() - 1, steps=min(size, weight.numel())).long().to(weight.device)
+    index = torch.tensor(sample_indices(weight.numel(), size, fused), dtype=torch.long, device=weight.device)
     return [round(value, 6) for value in weight[index].float().cpu().tolist()]
+
+
+def sample_indices(numel: int, size: int = 32, fused: bool = True) -> list[int]:
+    """``min(size, numel)`` increasing indices into ``numel`` elements, evenly spaced, the first and last included.
+
+    Exact integer arithmetic at any size. Earlier versions took ``torch.linspace(0, numel - 1, size).long()`` in
+    float32, whose rounding makes some indices differ from ``i * (numel - 1) // (size - 1)`` and, above 2**24
+    elements, could push the last one to ``numel`` (an IndexError on real vocabularies). Up to 2**24 elements the
+    float32 indices are reproduced exactly, so fingerprints recorded then stay valid: PyTorch's CPU kernel takes
+    ``step * i`` below the halfway index and ``end - step * (size - 1 - i)`` from it, rounded once (a fused
+    multiply-add, its AVX2/AVX512 kernels) or twice (``fused=False``, its kernels without FMA). Above 2**24 elements
+    the indices are ``i * (numel - 1) // (size - 1)``.
+
+    Args:
+        numel: the number of elements sampled.
+        size: the number of indices wanted.
+        fused: the float32 rounding to reproduce up to 2**24 elements (True: fused multiply-adds).
+
+    Returns:
+        the indices, ``[0, ..., numel - 1]``.
+    """
+    count = min(size, numel)
+    if count <= 1:
+        return [0] * count
+    if numel > FLOAT32_EXACT_INTEGERS:
+        return [i * (numel - 1) // (count - 1) for i in range(count)]
+    end = Fraction(numel - 1)  # exact in float32 up to 2**24
+    step = _float32(end / (count - 1))
+    half = count // 2
+    indices = []
+    for i in range(count):
+        if i < half:
+            value = _float32(step * i)
+        else:
+            back = step * (count - 1 - i)
+            value = _float32(end - (back if fused else _float32(back)))
+        indices.append(int(value))  # .long() truncates
+    return indices
+
+
+def _float32(value: Fraction) -> Fraction:
+    """The float32 nearest to ``value`` (ties to even), exactly; ``value`` is >= 0 and in float32's normal range."""
+    if value == 0:
+        return value
+    exponent = value.numerator.bit_length() - value.denominator.bit_length()  # 2**(e - 1) < value < 2**(e + 1)
+    if value < Fraction(2) ** exponent:
+        exponent -= 1
+    unit = Fraction(2) ** (exponent - 23)  # float32 has 24 significant bits
+    return round(value / unit) * unit  # round() of a Fraction rounds half to even
 
 
 def fingerprint(base: PreTrainedModel) -> str:
@@ -70,13 +127,13 @@ def check_base(expected: dict[str, Any], base: PreTrainedModel, where: str) -> N
     """Raise :class:`HeadCheckpointError` naming the first field that differs between ``expected`` and ``base``.
 
     The fingerprint hash must match exactly, except when the recorded weight sample matches within bf16/fp16
-    rounding: the same base loaded in another dtype is the same base.
+    rounding: the same base loaded in another dtype is the same base. The sample may also be the one earlier
+    versions took on a CPU without fused multiply-adds (:func:`sample_indices`).
     """
     actual = base_model_info(base)
     if expected.get("fingerprint") != actual["fingerprint"] and "weight_sample" in expected:
-        recorded = torch.tensor(expected["weight_sample"])
-        current = torch.tensor(actual["weight_sample"])
-        if recorded.shape == current.shape and torch.allclose(recorded, current, rtol=1e-2, atol=1e-4):
+        recorded = expected["weight_sample"]
+        if _same_sample(recorded, actual["weight_sample"]) or _same_sample(recorded, weight_sample(base, fused=False)):
             actual["fingerprint"] = expected["fingerprint"]
     for field in ("hidden_size", "vocab_size", "num_hidden_layers", "architectures", "fingerprint"):
         if field in expected and expected[field] != actual[field]:
@@ -85,6 +142,14 @@ def check_base(expected: dict[str, Any], base: PreTrainedModel, where: str) -> N
                 f"checkpoint but {actual[field]!r} for this base ({actual['name_or_path'] or 'in memory'}; heads "
                 f"were made for {expected.get('name_or_path') or 'an unnamed base'})"
             )
+
+
+def _same_sample(recorded: list[float], current: list[float]) -> bool:
+    """Whether two weight samples are the same weights, up to bf16/fp16 rounding."""
+    recorded_values, current_values = torch.tensor(recorded), torch.tensor(current)
+    return recorded_values.shape == current_values.shape and torch.allclose(
+        recorded_values, current_values, rtol=1e-2, atol=1e-4
+    )
 
 
 def save_checkpoint(directory: str | Path, config: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> None:
