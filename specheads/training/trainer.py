@@ -155,7 +155,12 @@ def setup(config: RecipeConfig) -> Run:
     base = _prepare_base(config, base)
     generator = torch.Generator().manual_seed(config.train.seed)
     dataloader = torch.utils.data.DataLoader(
-        dataset, batch_size=config.train.batch_size, shuffle=True, drop_last=True, generator=generator
+        dataset,
+        batch_size=config.train.batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=generator,
+        collate_fn=collate_trimmed,
     )
     if len(dataloader) == 0:
         raise ConfigError(f"the data gives {len(dataset)} rows, fewer than one batch of {config.train.batch_size}")
@@ -189,6 +194,26 @@ def setup(config: RecipeConfig) -> Run:
     )
     _resume(run)
     return run
+
+
+def collate_trimmed(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Stack rows into a batch and cut the columns that are padding in every row.
+
+    Rows are right-padded to ``data.max_length``; chats are often much shorter, and every padded column would cost
+    a base forward and the heads' work for nothing. Padding is masked out of attention and loss, and no real
+    position attends to a later one, so cutting it changes no result.
+    """
+    batch = torch.utils.data.default_collate(rows)
+    mask = batch.get("attention_mask")
+    if mask is None or mask.dim() != 2 or mask.shape[1] == 0:
+        return batch
+    length = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else mask.shape[1]
+    if length == mask.shape[1]:
+        return batch
+    return {
+        key: value[:, :length] if isinstance(value, torch.Tensor) and value.dim() >= 2 else value
+        for key, value in batch.items()
+    }
 
 
 def _check_fsdp_recipe(config: RecipeConfig, accelerator: Accelerator) -> None:
@@ -622,7 +647,9 @@ def evaluate(run: Run, heads: torch.nn.Module) -> dict[str, Any] | None:
         dataset = build_dataset(
             dataclasses.replace(config, paths=expand_data_paths(config.paths)), tokenizer, split="heldout"
         )
-    loader = torch.utils.data.DataLoader(dataset.with_format("torch"), batch_size=run.config.train.batch_size)
+    loader = torch.utils.data.DataLoader(
+        dataset.with_format("torch"), batch_size=run.config.train.batch_size, collate_fn=collate_trimmed
+    )
     device = run.accelerator.device
 
     def batches() -> Any:
