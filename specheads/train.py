@@ -12,18 +12,32 @@ from collections.abc import Sequence
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from specheads.cli import positive_int
+
     parser.add_argument("--config", help="recipe YAML (see configs/)")
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        help="torch CPU threads per process (default: the cores other processes leave idle, shared among this "
+        "launch's processes)",
+    )
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.lr=3e-4 output.dir=runs/x")
 
 
-def run(config_path: str | None, overrides: Sequence[str]) -> int:
+def run(config_path: str | None, overrides: Sequence[str], threads: int | None = None) -> int:
     """Train as the recipe says and return the exit code: 0 when the heads are written, or when this run already
     finished (nothing changes; raise ``train.steps`` to continue it); 130 / 143 after SIGINT / SIGTERM, with a
-    checkpoint of the last finished step and one line on stderr instead of a traceback."""
+    checkpoint of the last finished step and one line on stderr instead of a traceback.
+
+    ``threads``: torch's CPU threads; None takes the cores other processes leave idle, divided among the launch's
+    processes (``LOCAL_WORLD_SIZE``), as every specheads command does (spinning OpenMP threads on busy cores run
+    several times slower).
+    """
     from specheads.training.config import load_config
     from specheads.training.trainer import TrainingInterrupted, finished_run, train
 
     config = load_config(config_path, list(overrides))
+    _set_threads(threads)
     finished = finished_run(config)
     if finished is not None:
         print(f"{finished.parent} holds this run, complete: heads in {finished} (raise train.steps to train further)")
@@ -42,6 +56,20 @@ def run(config_path: str | None, overrides: Sequence[str]) -> int:
     return 0
 
 
+def _set_threads(threads: int | None) -> None:
+    import os
+
+    import torch
+
+    from specheads import machine
+
+    if threads is None:
+        local_processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        idle = machine.measure_load().idle_cores
+        threads = max(1, min(torch.get_num_threads(), idle // local_processes))
+    torch.set_num_threads(threads)
+
+
 def _shutdown_distributed() -> None:
     """Tear the process group down explicitly: left to interpreter exit, a gloo group can hang a rank forever."""
     import torch.distributed as dist
@@ -56,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        return run(args.config, args.overrides)
+        return run(args.config, args.overrides, args.threads)
     except (ValueError, FileNotFoundError) as error:
         print(f"specheads train: error: {error}", file=sys.stderr)
         return 2

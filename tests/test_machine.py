@@ -70,3 +70,25 @@ def test_help_does_not_import_torch() -> None:
     code = "import sys, specheads.cli as c; c.build_parser(); import specheads; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_train_threads_default_to_the_idle_cores_shared_among_local_processes(monkeypatch) -> None:
+    from specheads import train
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(machine, "measure_load", lambda seconds=0.2: MachineLoad(4, 0.0, "/proc/stat"))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    chosen: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", chosen.append)
+    try:
+        train._set_threads(None)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        train._set_threads(None)
+        train._set_threads(3)
+    finally:
+        monkeypatch.undo()
+    assert chosen == [4, 2, 3]
+    assert torch.get_num_threads() == before
+    args = train.add_arguments.__globals__["argparse"].ArgumentParser()
+    train.add_arguments(args)
+    assert args.parse_args(["--config", "x.yaml", "--threads", "2"]).threads == 2

@@ -370,11 +370,10 @@ def train_loop(run: Run) -> None:
                 continue  # a signal waits for the end of the optimizer step: its micro-batches are not saved apart
             run.step += 1
             progress.update(1)
-            progress.set_postfix(loss=f"{metrics['loss']:.3f}")
+            tokens_per_s = tokens / max(time.perf_counter() - started, 1e-9)
+            progress.set_postfix(loss=f"{metrics['loss']:.3f}", tokens_per_s=f"{tokens_per_s:.0f}")
             if run.step % config.log.every == 0 or run.step == run.total_steps:
-                metrics.update(
-                    lr=run.scheduler.get_last_lr()[0], tokens_per_s=tokens / max(time.perf_counter() - started, 1e-9)
-                )
+                metrics.update(lr=run.scheduler.get_last_lr()[0], tokens_per_s=tokens_per_s)
                 accelerator.log(metrics, step=run.step)
             out_of_time = _agree_on_stop(run, out_of_time=_out_of_time(run, started))
             stopping = out_of_time or run.stop_signal is not None or run.step >= run.total_steps
@@ -652,18 +651,24 @@ def evaluate(run: Run, heads: torch.nn.Module) -> dict[str, Any] | None:
     )
     device = run.accelerator.device
 
-    def batches() -> Any:
-        return ({key: value.to(device) for key, value in batch.items()} for batch in loader)
+    total = min(len(loader), config.eval_batches) if config.eval_batches else len(loader)
+
+    def batches(desc: str = "evaluate") -> Any:
+        bar = tqdm(loader, total=total, desc=desc, disable=not run.accelerator.is_main_process, leave=False)
+        return ({key: value.to(device) for key, value in batch.items()} for batch in bar)
 
     base = run.accelerator.unwrap_model(run.base)
     was_training, base_was_training = heads.training, base.training
     heads.eval()
     base.eval()
+    run.accelerator.print(f"held-out evaluation: {total} batches of {run.config.train.batch_size} rows")
     result = run.head_type.evaluate_fn()(base, heads, batches(), max_batches=config.eval_batches)
     if run.config.lora.enabled:  # what Medusa-2 costs the base: held-out loss with and without the adapter
-        result["base_heldout_loss_fine_tuned"] = heldout_lm_loss(base, batches(), config.eval_batches)
+        result["base_heldout_loss_fine_tuned"] = heldout_lm_loss(base, batches("base loss"), config.eval_batches)
         with base.disable_adapter():
-            result["base_heldout_loss_original"] = heldout_lm_loss(base, batches(), config.eval_batches)
+            result["base_heldout_loss_original"] = heldout_lm_loss(
+                base, batches("base loss, no adapter"), config.eval_batches
+            )
     heads.train(was_training)
     base.train(base_was_training)
     return result
