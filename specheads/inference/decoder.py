@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,11 @@ from specheads.inference.state import DecodeState, DraftRequest, Proposal
 from specheads.inference.trees import DynamicTree, resolve_tree
 from specheads.loading import check_same_vocabulary, eos_token_ids, vocab_size
 from specheads.metrics import SpecStats
+from specheads.prompts import render_conversation
 
 METHODS = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
+# One prompt of generate/stream: raw text, token ids, or a conversation of {"role", "content"} messages.
+PromptInput = str | Sequence[int] | torch.Tensor | Sequence[Mapping[str, str]]
 DYNAMIC_TREE_KWARGS = {"tree_top_k": "top_k", "depth": "depth", "total_tokens": "total_tokens"}
 
 
@@ -167,23 +170,35 @@ class SpecDecoder:
     # ------------------------------------------------------------------ public API
     def generate(
         self,
-        prompt: str | Sequence[int] | torch.Tensor | Sequence[str | Sequence[int] | torch.Tensor],
+        prompt: PromptInput | Sequence[PromptInput],
         max_new_tokens: int = 128,
         batch_size: int | None = None,
         **kwargs: Any,
     ) -> GenerationOutput | BatchOutput:
         """Generate up to ``max_new_tokens`` tokens after ``prompt``, or after each prompt of a list.
 
-        A list of prompts (strings, token-id lists or tensors; or a ``[B, T]`` tensor) is decoded in batches of
-        ``batch_size`` rows (None: all at once): every row drafts its own tree, accepts its own tokens and finishes on
-        its own, and with ``seed`` (one int for every row, or a list: one per prompt) every row draws exactly what it
-        would draw alone with that seed. It returns a
-        :class:`BatchOutput`: one :class:`GenerationOutput` per prompt, in order, plus the batch's totals.
+        One prompt is a string (tokenised raw, with the tokenizer's special tokens), token ids (a list, or a ``[T]``
+        / ``[1, T]`` tensor) or a conversation: a list of ``{"role", "content"}`` messages, roles ``system``,
+        ``user``, ``assistant``, rendered by the tokenizer's chat template with the generation prompt and tokenised
+        without added special tokens (the template writes its own BOS; see
+        :func:`specheads.prompts.render_conversation`). A conversation needs a tokenizer with a chat template.
+
+        A list of prompts (strings, token-id lists, tensors or conversations, one kind; or a ``[B, T]`` tensor) is
+        decoded in batches of ``batch_size`` rows (None: all at once): every row drafts its own tree, accepts its own
+        tokens and finishes on its own, and with ``seed`` (one int for every row, or a list: one per prompt) every
+        row draws exactly what it would draw alone with that seed. It returns a :class:`BatchOutput`: one
+        :class:`GenerationOutput` per prompt, in order, plus the batch's totals.
 
         Keyword arguments: ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``acceptance`` ("auto", "greedy",
         "rejection", "typical", "threshold", "alpha"), ``tree``, ``num_speculative_tokens``, ``eos_token_id``,
         ``seed``, and the rule parameters ``posterior_threshold``, ``posterior_alpha``, ``acceptance_threshold``,
         ``alpha``.
+
+        Raises:
+            ValueError: a bad prompt (empty, ids outside the vocabulary, a string or conversation without a
+                tokenizer, a conversation on a tokenizer without a chat template, a message whose role is not
+                ``system`` / ``user`` / ``assistant`` or whose content is not a string: the error names the message
+                and, in a list, the prompt) or a bad generation argument.
         """
         prompts, batched = self._encode_all(prompt)
         if batch_size is not None and (
@@ -226,9 +241,10 @@ class SpecDecoder:
         return BatchOutput(outputs, totals)
 
     def stream(
-        self, prompt: str | Sequence[int] | torch.Tensor, max_new_tokens: int = 128, **kwargs: Any
+        self, prompt: PromptInput, max_new_tokens: int = 128, **kwargs: Any
     ) -> Generator[str, None, GenerationOutput]:
-        """Yield decoded text pieces as tokens are accepted (same arguments as :meth:`generate`, one prompt).
+        """Yield decoded text pieces as tokens are accepted (same arguments as :meth:`generate`, one prompt: a
+        string, token ids or one conversation).
 
         The generator's return value (``out = yield from decoder.stream(...)``, or ``StopIteration.value``) is the
         :class:`GenerationOutput`, with its statistics and ``finish_reason``."""
@@ -488,22 +504,30 @@ class SpecDecoder:
 
     # ------------------------------------------------------------------ argument checking
     def _encode_all(self, prompt: Any) -> tuple[list[torch.Tensor], bool]:
-        """``([1, T] tensors], batched)``: a list of prompts, a ``[B, T]`` tensor, or one prompt."""
+        """``([1, T] tensors], batched)``: a list of prompts or conversations, a ``[B, T]`` tensor, or one prompt
+        (a string, token ids, a ``[T]`` / ``[1, T]`` tensor or one conversation)."""
         if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[0] != 1:
             if prompt.shape[0] == 0:
                 raise ValueError("the list of prompts is empty")
             return [self._encode(row) for row in prompt], True
+        if _is_conversation(prompt):
+            return [self._encode(prompt)], False
         if isinstance(prompt, (list, tuple)) and (not prompt or not isinstance(prompt[0], int)):
             if not prompt:
-                raise ValueError("the list of prompts is empty")
-            kinds = {
-                str if isinstance(p, str) else torch.Tensor if isinstance(p, torch.Tensor) else list for p in prompt
-            }
+                raise ValueError(
+                    "the list of prompts is empty (a conversation, too, needs at least one {'role', 'content'} message)"
+                )
+            kinds = {_prompt_kind(p) for p in prompt} - {"empty"}
             if len(kinds) > 1:
-                raise ValueError("the prompts mix types (strings, token-id lists, tensors); give one kind")
+                raise ValueError(
+                    "the prompts mix types (strings, token-id lists, tensors, conversations); give one kind"
+                )
             encoded = []
             for index, item in enumerate(prompt):
-                if isinstance(item, (list, tuple)) and not all(isinstance(t, int) for t in item):
+                if kinds == {"conversation"} and _prompt_kind(item) == "empty":
+                    raise ValueError(f"prompt {index}: the conversation is empty; give at least one message")
+                listed = isinstance(item, (list, tuple)) and _prompt_kind(item) == "token ids"
+                if listed and not all(isinstance(t, int) for t in item):
                     raise ValueError(f"prompt {index} is not a list of token ids")
                 try:
                     encoded.append(self._encode(item))
@@ -512,7 +536,13 @@ class SpecDecoder:
             return encoded, True
         return [self._encode(prompt)], False
 
-    def _encode(self, prompt: str | Sequence[int] | torch.Tensor) -> torch.Tensor:
+    def _encode(self, prompt: PromptInput) -> torch.Tensor:
+        """One prompt as ``[1, T]`` ids on the model's device.
+
+        A string is tokenised raw, with the tokenizer's special tokens; a conversation goes through
+        :func:`specheads.prompts.render_conversation` (the chat template with the generation prompt, tokenised
+        without added special tokens: the template writes its own BOS).
+        """
         device = self.model.device
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -527,6 +557,8 @@ class SpecDecoder:
                     "decode its bytes with their real encoding first"
                 ) from None
             ids = torch.tensor([self.tokenizer(prompt)["input_ids"]], dtype=torch.long)
+        elif _is_conversation(prompt):
+            ids = torch.tensor([render_conversation(self.tokenizer, prompt)], dtype=torch.long)
         elif isinstance(prompt, torch.Tensor):
             ids = prompt.long()
             if ids.dim() == 1:
@@ -636,6 +668,23 @@ class SpecDecoder:
         if max_length is not None:
             remaining = min(remaining, max_length - state.lengths[row])
         return max(remaining - 1, 0)
+
+
+def _is_conversation(prompt: Any) -> bool:
+    """A conversation: a non-empty list of messages (mappings), checked by ``check_messages`` when encoded."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], Mapping)
+
+
+def _prompt_kind(prompt: Any) -> str:
+    """What one item of a list of prompts is: ``"string"``, ``"tensor"``, ``"conversation"``, ``"token ids"`` or
+    ``"empty"`` (an empty list, which could be either of the last two)."""
+    if isinstance(prompt, str):
+        return "string"
+    if isinstance(prompt, torch.Tensor):
+        return "tensor"
+    if isinstance(prompt, (list, tuple)) and not prompt:
+        return "empty"
+    return "conversation" if _is_conversation(prompt) else "token ids"
 
 
 def _per_row(proposal: Proposal | list[Proposal | None] | None, batch: int) -> list[Proposal | None]:

@@ -4,7 +4,9 @@ Heads learn to predict the base's next tokens, so they are best trained on text 
 than on human-written answers (Medusa, Cai et al. 2024, section 2.3.2 "self-distillation").
 
 Each output line is one JSON object:
-    ``id``, ``prompt`` (exactly the text the base was given: the chat-rendered prompt when a chat template is used),
+    ``id``, ``prompt`` (exactly the text the base was given: the chat-rendered prompt when a chat template is used,
+    tokenised without added special tokens because the template writes its own, as everywhere in specheads, see
+    :func:`specheads.prompts.render_conversation`; for a multi-turn ``"turns"`` record, its first turn),
     ``response`` (what it generated, cut before the first EOS token) and ``text`` = ``prompt + response``, read by
     the trainer's ``jsonl`` format; with a chat template also ``conversations`` =
     ``[{"from": "human", "value": <raw prompt>}, {"from": "gpt", "value": response}]`` for its ``sharegpt`` format.
@@ -49,7 +51,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, 
 from specheads.inference.sampling import SamplingParams, probabilities, sample
 from specheads.loading import eos_token_ids, pad_token_id
 from specheads.metrics import SpecStats
-from specheads.prompts import Prompt, PromptFileError
+from specheads.prompts import Prompt, PromptFileError, chat_text, encode_chat_text, has_chat_template
 
 if TYPE_CHECKING:
     from specheads.inference.decoder import SpecDecoder
@@ -286,9 +288,13 @@ def _check_decoder(
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, model_input: _ModelInput, prompt_id: str) -> list[int]:
-    """A prompt's token ids: a chat template renders the special tokens (BOS, ...) itself, a plain prompt gets the
-    tokenizer's."""
-    token_ids = tokenizer(model_input.text, add_special_tokens=not model_input.templated)["input_ids"]
+    """A prompt's token ids: a chat-template rendering through :func:`specheads.prompts.encode_chat_text` (the
+    template wrote the special tokens, BOS included), as the decoder and bench tokenise it; a plain prompt with the
+    tokenizer's special tokens."""
+    if model_input.templated:
+        token_ids = encode_chat_text(tokenizer, model_input.text)
+    else:
+        token_ids = tokenizer(model_input.text)["input_ids"]
     if not token_ids:
         raise ValueError(f"prompt {prompt_id!r} encodes to no tokens")
     return token_ids
@@ -360,12 +366,18 @@ def _cut_at_stop(tokens: list[int], stop_ids: list[int]) -> list[int]:
 
 
 def _model_input(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, use_chat_template: bool) -> _ModelInput:
-    if prompt.conversation is not None:  # a "conversations" record, already rendered by load_prompts
-        turns = [{"from": _SHAREGPT_FROM[role], "value": content} for role, content in prompt.conversation]
-        return _ModelInput(prompt.text, True, turns)
-    if use_chat_template and getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "user", "content": prompt.text}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    """What the base is given for ``prompt``, rendered by :func:`specheads.prompts.chat_text` when templated.
+
+    A conversation (``"conversations"`` or ``"turns"`` record) is always templated; a multi-turn prompt gives its
+    first turn only (its later turns would follow the model's own answers, which distill does not chain). A plain
+    prompt is wrapped as one user message when ``use_chat_template`` and the tokenizer has a template.
+    """
+    messages = prompt.messages()
+    if messages is not None:
+        turns = [{"from": _SHAREGPT_FROM[m["role"]], "value": m["content"]} for m in messages]
+        return _ModelInput(chat_text(tokenizer, messages), True, turns)
+    if use_chat_template and has_chat_template(tokenizer):
+        text = chat_text(tokenizer, [{"role": "user", "content": prompt.text}])
         return _ModelInput(text, True, [{"from": "human", "value": prompt.text}])
     return _ModelInput(prompt.text, False, None)
 

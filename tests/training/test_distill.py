@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from unittest.mock import ANY
 
 import pytest
 import torch
@@ -122,6 +123,42 @@ def test_library_call_with_chat_template_and_conversations(setup, tmp_path) -> N
     assert chat["prompt"] == "user: hi\nassistant: yo\nuser: x\nassistant: "
     assert chat["conversations"] == [*conversation, {"from": "gpt", "value": chat["response"]}]
     assert all(r["text"] == r["prompt"] + r["response"] for r in (plain, chat))
+
+
+def test_templated_prompts_carry_the_template_bos_only(setup, tmp_path, capsys) -> None:
+    """Plain prompts wrapped by the template, ShareGPT conversations and multi-turn records (their first turn) are
+    tokenised as the decoder and bench tokenise them: one BOS, the template's, and the generation prompt last."""
+    from chat_helpers import GENERATION_PROMPT, chat_tokenizer
+
+    from specheads.prompts import render_conversation
+
+    _, model, _ = setup
+    tokenizer = chat_tokenizer()
+    conversation = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}, {"from": "human", "value": "x"}]
+    records = [{"id": "plain", "prompt": "def f"}, {"id": "chat", "conversations": conversation}]
+    records.append({"id": "turns", "category": "writing", "turns": ["a = 1", "b = 2"]})
+    prompts_file = tmp_path / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps(record) + "\n" for record in records))
+    prompts = load_prompts(prompts_file, tokenizer)
+    out = tmp_path / "chat.jsonl"
+    assert distill(model, tokenizer, prompts, out, max_new_tokens=MAX_NEW, batch_size=3, progress=False).written == 3
+    first_messages = [
+        [{"role": "user", "content": "def f"}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "x"}],
+        [{"role": "user", "content": "a = 1"}],
+    ]
+    for record, messages in zip(read(out), first_messages, strict=True):
+        ids = render_conversation(tokenizer, messages)
+        assert ids[0] == tokenizer.bos_token_id and tokenizer.bos_token_id not in ids[1:]
+        assert record["prompt"] == tokenizer.decode(ids) and record["prompt"].endswith(GENERATION_PROMPT)
+        assert record["response"] == tokenizer.decode(unbatched_greedy(model, ids))
+    assert read(out)[2]["conversations"] == [{"from": "human", "value": "a = 1"}, {"from": "gpt", "value": ANY}]
+    model.save_pretrained(tmp_path / "chat-base")
+    tokenizer.save_pretrained(tmp_path / "chat-base")
+    args = ["--base", str(tmp_path / "chat-base"), "--prompts", str(prompts_file), "--out", str(tmp_path / "cli.jsonl")]
+    assert main(["distill", *args, "--max-new-tokens", str(MAX_NEW)]) == 0
+    assert "1 of 3 prompts have more than one turn" in capsys.readouterr().err
+    assert (tmp_path / "cli.jsonl").read_bytes() == out.read_bytes()
 
 
 @pytest.fixture(scope="module")
