@@ -10,19 +10,27 @@ GGUF model's greedy text: the weights are the same float32 values.
 Cache: ``$SPECHEADS_CACHE/gguf/<sha256 of the file, 16 hex digits>`` when ``SPECHEADS_CACHE`` is set, else
 ``$HF_HOME/specheads/gguf/...`` (``~/.cache/huggingface`` by default), the place huggingface tools keep their caches.
 The folder is written under a temporary name and renamed into place, so a killed conversion leaves no half folder;
-an existing folder is used only when its ``specheads_gguf.json`` names the same hash.
+an existing folder is used only when its ``specheads_gguf.json`` names the same hash. The temporary folder of a
+conversion that was killed outright (out of memory, SIGKILL) is removed by the next conversion of the same file on
+the same machine. Before converting, the file's header, metadata and tensor table are walked within the file's
+size, so a truncated or corrupt file is a :class:`GGUFError` naming the file and what does not fit.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
+import re
 import shutil
+import socket
+import struct
 import tempfile
 from pathlib import Path
 
 GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)  # version 1 counted in 32 bits; transformers reads 2 and 3
 MARKER = "specheads_gguf.json"
 INSTALL_GGUF = 'pip install "specheads[gguf]"  (or: pip install gguf)'
 
@@ -75,19 +83,52 @@ def converted_folder(path: str | Path, cache_dir: str | Path | None = None) -> P
     target = root / digest[:16]
     if _is_complete(target, digest):
         return target
+    _check_layout(path)  # a bad file is named here, before any conversion work, not deep inside the reader
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{digest[:16]}.", dir=root))
+    _remove_abandoned(root, digest)
+    staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(digest)}{os.getpid()}.", dir=root))
     staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the cache is shared like transformers' own
     try:
         _convert(path, staging)
         (staging / MARKER).write_text(json.dumps({"source": str(path), "sha256": digest}, indent=2) + "\n")
-        if target.exists():  # an incomplete or stale folder from another conversion
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        if not _is_complete(target, digest):  # else another process finished the same file meanwhile
+            if target.exists():  # an incomplete or stale folder from another conversion
+                shutil.rmtree(target)
+            os.replace(staging, target)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _staging_prefix(digest: str) -> str:
+    """``.<hash>.<host>-``: the temporary folders of this file's conversions on this machine (the pid follows)."""
+    return f".{digest[:16]}.{re.sub(r'[^A-Za-z0-9_]', '_', socket.gethostname())}-"
+
+
+def _remove_abandoned(root: Path, digest: str) -> None:
+    """Delete the temporary folders that killed conversions of this file on this machine left behind.
+
+    A folder whose process is still running (another conversion under way) is kept; so is every folder where a
+    process cannot be probed without side effects (``os.kill(pid, 0)`` terminates it on Windows).
+    """
+    if os.name != "posix":
+        return
+    prefix = _staging_prefix(digest)
+    for folder in root.glob(f"{prefix}*"):
+        pid = folder.name[len(prefix) :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _umask() -> int:
@@ -98,7 +139,7 @@ def _umask() -> int:
 
 def _is_complete(folder: Path, digest: str) -> bool:
     marker = folder / MARKER
-    if not marker.is_file():
+    if not marker.is_file() or not (folder / "config.json").is_file():
         return False
     try:
         return json.loads(marker.read_text()).get("sha256") == digest
@@ -117,6 +158,115 @@ def _check_header(path: Path) -> None:
         import gguf  # noqa: F401
     except ImportError:
         raise GGUFError(f"reading {path} needs the gguf package: {INSTALL_GGUF}") from None
+
+
+# GGUF metadata value types: the fixed-size ones by struct format, then string (8) and array (9).
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+class _Cursor:
+    """Reads a GGUF file front to back; a read past its end, or a malformed field, is a :class:`GGUFError`."""
+
+    def __init__(self, data: mmap.mmap, path: Path) -> None:
+        self.data, self.path, self.pos = data, path, 0
+
+    def take(self, count: int, what: str) -> int:
+        """Step over ``count`` bytes of ``what`` and return where they start."""
+        start, size = self.pos, len(self.data)
+        if start + count > size:
+            raise GGUFError(
+                f"{self.path} is truncated or corrupt: {what} needs bytes {start}..{start + count} but the file has "
+                f"{size} bytes"
+            )
+        self.pos += count
+        return start
+
+    def unpack(self, fmt: str, what: str):
+        return struct.unpack_from(fmt, self.data, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str, decode: bool = True) -> str | None:
+        start = self.take(self.unpack("<Q", f"the length of {what}"), what)
+        if not decode:
+            return None
+        try:
+            return self.data[start : self.pos].decode("utf-8")
+        except UnicodeDecodeError:
+            raise GGUFError(f"{self.path} is corrupt: {what} at byte {start} is not UTF-8 text") from None
+
+    def value(self, kind: int, what: str, decode: bool = False, depth: int = 0):
+        """One metadata value (an array is stepped over and read as None)."""
+        if kind in _SCALARS:
+            return self.unpack(_SCALARS[kind], what)
+        if kind == _STRING:
+            return self.string(what, decode)
+        if kind == _ARRAY and depth < 4:
+            element, count = self.unpack("<I", f"the element type of {what}"), self.unpack("<Q", f"the size of {what}")
+            if element in _SCALARS:
+                self.take(count * struct.calcsize(_SCALARS[element]), what)
+            elif element == _STRING:  # a vocabulary: 50k-250k strings, stepped over in a tight loop
+                label = f"an element of {what}"
+                for _ in range(count):
+                    self.take(self.unpack("<Q", label), label)
+            else:  # each element takes at least 12 bytes, so a corrupt count runs out of file quickly
+                for _ in range(count):
+                    self.value(element, f"an element of {what}", depth=depth + 1)
+            return None
+        raise GGUFError(f"{self.path} is corrupt: {what} has value type {kind}, which GGUF does not define here")
+
+
+def _check_layout(path: Path) -> None:
+    """Walk the header, metadata and tensor table and check that every tensor's data lies inside the file."""
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        cursor = _Cursor(data, path)
+        cursor.take(4, "the magic")
+        version = cursor.unpack("<I", "the version")
+        if version not in GGUF_VERSIONS:
+            swapped = " (a big-endian file, which transformers cannot read)" if version >> 24 in GGUF_VERSIONS else ""
+            raise GGUFError(f"{path} is GGUF version {version}{swapped}; only versions 2 and 3 can be read")
+        tensor_count, key_count = cursor.unpack("<Q", "the tensor count"), cursor.unpack("<Q", "the key count")
+        wanted = {"general.architecture": None, "general.alignment": 32}
+        for index in range(key_count):
+            key = cursor.string(f"metadata key {index}")
+            kind = cursor.unpack("<I", f"the type of metadata {key!r}")
+            value = cursor.value(kind, f"metadata {key!r}", decode=key in wanted)
+            if key in wanted:
+                wanted[key] = value
+        if not isinstance(wanted["general.architecture"], str):
+            raise GGUFError(f"{path} has no general.architecture in its metadata")
+        data_end, last = _tensor_table_end(cursor, tensor_count)
+        alignment = wanted["general.alignment"] if isinstance(wanted["general.alignment"], int) else 32
+        data_start = -(-cursor.pos // max(alignment, 1)) * max(alignment, 1)  # the table, rounded up to alignment
+        if data_start + data_end > len(data):
+            raise GGUFError(
+                f"{path} is truncated: tensor {last!r} ends at byte {data_start + data_end} but the file has "
+                f"{len(data)} bytes (an interrupted download or copy?)"
+            )
+
+
+def _tensor_table_end(cursor: _Cursor, tensor_count: int) -> tuple[int, str | None]:
+    """Read the tensor table: where the last tensor's data ends (from the start of the data) and its name."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    data_end, last = 0, None
+    for index in range(tensor_count):
+        name = cursor.string(f"the name of tensor {index}")
+        rank = cursor.unpack("<I", f"the rank of tensor {name!r}")
+        dims = [cursor.unpack("<Q", f"the shape of tensor {name!r}") for _ in range(rank)]
+        kind = cursor.unpack("<I", f"the type of tensor {name!r}")
+        offset = cursor.unpack("<Q", f"the offset of tensor {name!r}")
+        if kind not in GGML_QUANT_SIZES:
+            raise GGUFError(
+                f"{cursor.path}: tensor {name!r} has ggml type {kind}, which the installed gguf package does not know"
+            )
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        elements = 1
+        for dim in dims:
+            elements *= dim
+        end = offset + elements // block * block_bytes
+        if end > data_end:
+            data_end, last = end, name
+    return data_end, last
 
 
 def _convert(path: Path, out_dir: Path) -> None:
