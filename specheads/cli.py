@@ -288,7 +288,7 @@ def _bench(args: argparse.Namespace) -> int:
         draft = load_causal_lm(args.draft_model, device=base.device, role="draft")
     draft_ks = [int(k) for k in args.draft_k.split(",") if k.strip()]
     only = [m.strip() for m in args.methods.split(",")] if args.methods else None
-    heads, base, merged = _bench_heads(args.heads, base)
+    heads, base, merged = _bench_heads(args.heads, base, args.base)
     methods = build_methods(
         base, draft, draft_ks=draft_ks, lookup_k=args.lookup_k, only=only, heads=heads, trees=_tree_lists(args.trees)
     )
@@ -326,7 +326,7 @@ def _tree_lists(values: list[str]) -> dict[str, list[str]]:
     return trees
 
 
-def _bench_heads(paths: list[str], base) -> tuple[list, object, bool]:  # noqa: ANN001 - a PreTrainedModel
+def _bench_heads(paths: list[str], base, base_name: str) -> tuple[list, object, bool]:  # noqa: ANN001 - a PreTrainedModel
     """Load --heads onto the base; a single Medusa-2 checkpoint replaces the base by its merged fine-tuned model.
 
     Rows are labelled by head type (``medusa``, ``eagle``), numbered when several checkpoints share one.
@@ -335,7 +335,7 @@ def _bench_heads(paths: list[str], base) -> tuple[list, object, bool]:  # noqa: 
     from specheads.heads.registry import head_type_of
     from specheads.inference.decoder import _heads_path
 
-    paths = [_heads_path(path) for path in paths]
+    paths = [_heads_path(path, base_name) for path in paths]
     with_adapter = [path for path in paths if (Path(path) / ADAPTER_DIR).is_dir()]
     if with_adapter and len(paths) > 1:
         raise ValueError(
@@ -388,7 +388,7 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
 def _train(args: argparse.Namespace) -> int:
     from specheads.train import run
 
-    return run(args.config, args.overrides)
+    return run(args.config, args.overrides, args.threads)
 
 
 def _add_distill(subparsers: argparse._SubParsersAction) -> None:
@@ -499,7 +499,7 @@ def _distill_decoder(
     from specheads.inference.decoder import _heads_path
 
     if args.heads is not None:
-        heads = Path(_heads_path(args.heads))
+        heads = Path(_heads_path(args.heads, args.base))
         if (heads / ADAPTER_DIR).is_dir():
             raise ValueError(
                 f"{heads} are Medusa-2 heads: they decode the base with their LoRA adapter merged, so the data would "
@@ -515,19 +515,27 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
         help="choose the tree (Medusa or EAGLE) with the best expected tokens/s on this machine",
         description="Measure the heads' per-depth, per-rank agreement with the base's greedy token on held-out data, "
         "the base's verify cost curve and (EAGLE) the cost of a draft level on this machine, grow trees greedily and "
-        "write the best one to HEADS/tree.json (then tree='auto' is that tree); for EAGLE heads also the EAGLE-2 "
-        "dynamic-tree parameters top_k/depth/total_tokens that grow it (the head's default tree='dynamic').",
+        "time the candidates against plain decoding; write the best one to HEADS/tree.json (then tree='auto' is "
+        "that tree); for EAGLE heads also the EAGLE-2 dynamic-tree parameters top_k/depth/total_tokens that grow it "
+        "(the head's default tree='dynamic'). Says so when no tree beats plain decoding here.",
     )
-    parser.add_argument("--base", required=True)
+    parser.add_argument("--base", help="the base (default: the recipe's with --config)")
     parser.add_argument("--heads", required=True, help="head checkpoint directory (tree.json goes there)")
+    parser.add_argument(
+        "--config",
+        help="the recipe the heads were trained with: its held-out data (data.eval_paths, else the "
+        "data.heldout_fraction split), format and max_length, and its base",
+    )
     parser.add_argument(
         "--data",
         action="append",
         default=[],
         help="held-out text files/folders (default with --base default: default-corpus:heldout)",
     )
-    parser.add_argument("--format", default="text", help="data format: text | jsonl | sharegpt")
-    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--format", help="data format: text | jsonl | sharegpt (default: text, or the recipe's)")
+    parser.add_argument(
+        "--max-length", type=positive_int, help="tokens per held-out row (default 512, or the recipe's)"
+    )
     parser.add_argument("--batches", type=int, default=20, help="held-out batches of 8 rows to measure agreement on")
     parser.add_argument("--max-nodes", type=int, default=32, help="largest tree timed")
     parser.add_argument("--prompt-tokens", type=int, default=48, help="held-out prompt length for the timed decodes")
@@ -537,86 +545,161 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_calibrate)
 
 
+def _calibration_data(args: argparse.Namespace):  # noqa: ANN202 - (base name, datasets.Dataset)
+    """The held-out rows to calibrate on: the recipe's held-out data with --config, else --data."""
+    import dataclasses
+
+    from specheads.loading import load_tokenizer
+    from specheads.training.config import DataConfig, load_config
+    from specheads.training.data import build_dataset
+    from specheads.training.trainer import expand_data_paths
+
+    if args.config is not None:
+        recipe = load_config(args.config)
+        base = args.base or recipe.model.base
+        data = recipe.data
+        if args.data:
+            config = dataclasses.replace(data, paths=expand_data_paths(args.data), heldout_fraction=0.0)
+            split = "train"
+        elif data.eval_paths:
+            config, split = (
+                dataclasses.replace(data, paths=expand_data_paths(data.eval_paths), heldout_fraction=0.0),
+                "train",
+            )
+        elif data.heldout_fraction > 0:
+            config, split = dataclasses.replace(data, paths=expand_data_paths(data.paths)), "heldout"
+        else:
+            raise ValueError(f"{args.config} holds out no data (data.eval_paths, data.heldout_fraction); give --data")
+        config = dataclasses.replace(
+            config, format=args.format or config.format, max_length=args.max_length or config.max_length
+        )
+        tokenizer = load_tokenizer(recipe.model.tokenizer or base)
+        return base, build_dataset(config, tokenizer, split=split)
+    if args.base is None:
+        raise ValueError("calibrate needs --base (or --config, a recipe naming it)")
+    data = args.data or (["default-corpus:heldout"] if args.base == "default" else [])
+    if not data:
+        raise ValueError("--data (or --config, the heads' recipe) is required unless --base default")
+    config = DataConfig(paths=expand_data_paths(data), format=args.format or "text", max_length=args.max_length or 512)
+    return args.base, build_dataset(config, load_tokenizer(args.base))
+
+
 def _calibrate(args: argparse.Namespace) -> int:
-    import platform
     from pathlib import Path
 
     import torch
 
     from specheads.heads import head_type_of, load_heads
-    from specheads.inference.calibrate import (
-        candidate_trees,
-        choose_tree,
-        dynamic_parameters,
-        measure_decoding,
-        measure_draft_cost,
-        measure_verify_cost,
-    )
-    from specheads.inference.decoder import SpecDecoder
-    from specheads.inference.trees import DynamicTree
-    from specheads.loading import load_causal_lm, load_tokenizer
-    from specheads.training.config import DataConfig
-    from specheads.training.data import build_dataset
-    from specheads.training.trainer import expand_data_paths
+    from specheads.inference.calibrate import choose_tree, measure_draft_cost, measure_verify_cost
+    from specheads.loading import load_causal_lm
 
     _set_threads(args.threads)
-    data = args.data or (["default-corpus:heldout"] if args.base == "default" else [])
-    if not data:
-        raise ValueError("--data is required unless --base default")
-    base = load_causal_lm(args.base, device=args.device)
     if args.heads == "default":
         raise ValueError(
             "the shipped default heads are calibrated when shipped and their files are hash-checked; copy "
             "specheads/assets/default/eagle3 to a folder and calibrate that copy"
         )
+    base_name, dataset = _calibration_data(args)
+    base = load_causal_lm(base_name, device=args.device)
     heads = load_heads(args.heads, base)
-    config = DataConfig(paths=expand_data_paths(data), format=args.format, max_length=args.max_length)
-    dataset = build_dataset(config, load_tokenizer(args.base)).with_format("torch")
-    loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+    dataset = dataset.with_format("torch")
+    from specheads.training.trainer import collate_trimmed
+
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8, collate_fn=collate_trimmed)
     head_type = head_type_of(heads)
-    agreement = head_type.evaluate_fn()(base, heads, loader, max_batches=args.batches)
+    batches = min(args.batches, len(loader))
+    print(f"calibrate: agreement with the base's greedy token on {batches} held-out batches of 8 rows", flush=True)
+    agreement = head_type.evaluate_fn()(base, heads, _bar(loader, batches, "agreement"), max_batches=args.batches)
+    print("calibrate: timing the verify cost curve and a draft level", flush=True)
     with torch.inference_mode():
         step_ms = measure_verify_cost(base, sizes=(1, 2, 4, 8, 16, 32, 64))
     depth_ms = measure_draft_cost(heads) if head_type.name == "eagle" else 0.0
     best = choose_tree(agreement["agreement_by_rank"], step_ms, max_nodes=args.max_nodes, depth_ms=depth_ms)
-    # The model above ranks trees; the decode loop itself, timed on held-out prompts, decides.
+    record = _time_trees(args, base, heads, head_type, dataset, agreement)
+    record.update(
+        draft_ms_per_level=depth_ms,
+        expected_tau=best.expected_tau,
+        step_ms=best.step_ms,
+        expected_tokens_per_s=best.expected_tokens_per_s,
+        model_choice=best.choices,
+        verify_ms_by_query_tokens=step_ms,
+        agreement_by_rank=agreement["agreement_by_rank"],
+        candidates=best.candidates,
+        machine=_calibration_machine(base),
+    )
+    (Path(args.heads) / "tree.json").write_text(json.dumps(record, indent=2) + "\n")
+    _print_calibration(args, record, best, step_ms, agreement)
+    return 0
+
+
+def _bar(loader, total: int, desc: str):  # noqa: ANN001, ANN202 - a DataLoader in, batches out
+    from tqdm.auto import tqdm
+
+    return tqdm(loader, total=total, desc=desc, unit="batch", leave=False)
+
+
+def _time_trees(args: argparse.Namespace, base, heads, head_type, dataset, agreement) -> dict:  # noqa: ANN001
+    """Time the candidate trees (and EAGLE-2 dynamic ones) against plain decoding on held-out prompts."""
+    from specheads.inference.calibrate import candidate_trees, dynamic_parameters, measure_decoding
+    from specheads.inference.decoder import SpecDecoder
+    from specheads.inference.drafters import NoDrafter
+    from specheads.inference.trees import DynamicTree
+
     statics = candidate_trees(agreement["agreement_by_rank"], args.max_nodes)
     trees: list = [*statics]
     if head_type.name == "eagle":
         dynamics = list({tuple(dynamic_parameters(c).values()): dynamic_parameters(c) for c in statics}.values())
         trees += [DynamicTree(**params) for params in dynamics]
-    prompts = [row["input_ids"][None, : args.prompt_tokens] for row in dataset.select(range(min(4, len(dataset))))]
+    prompts = [_calibration_prompt(row, args.prompt_tokens) for row in dataset.select(range(min(4, len(dataset))))]
+    print(f"calibrate: timing {len(trees)} trees and plain decoding on {len(prompts)} held-out prompts", flush=True)
     decoder = SpecDecoder(base, head_type.make_drafter(heads))
-    timed = measure_decoding(decoder, prompts, trees, max_new_tokens=args.new_tokens)
+    plain = SpecDecoder(base, NoDrafter())
+    timed = measure_decoding(decoder, prompts, trees, max_new_tokens=args.new_tokens, plain=plain, progress=True)
     measured = [
         {
             "tree": tree if isinstance(tree, list) else vars(tree),
             "nodes": len(tree) if isinstance(tree, list) else tree.total_tokens,
             **result,
         }
-        for tree, result in zip(trees, timed, strict=True)
+        for tree, result in zip(trees, timed, strict=False)
     ]
     static_best = max(measured[: len(statics)], key=lambda row: row["tokens_per_s"])
     dynamic_rows = measured[len(statics) :]
-    record = {
+    plain_rate = timed[-1]["tokens_per_s"]
+    best_rate = max(row["tokens_per_s"] for row in measured)
+    return {
         "choices": static_best["tree"],
         **({"dynamic": max(dynamic_rows, key=lambda row: row["tokens_per_s"])["tree"]} if dynamic_rows else {}),
         "measured": measured,
-        "draft_ms_per_level": depth_ms,
-        "expected_tau": best.expected_tau,
-        "step_ms": best.step_ms,
-        "expected_tokens_per_s": best.expected_tokens_per_s,
-        "model_choice": best.choices,
-        "verify_ms_by_query_tokens": step_ms,
-        "agreement_by_rank": agreement["agreement_by_rank"],
-        "candidates": best.candidates,
-        "machine": {
-            "processor": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(),
-            "device": str(base.get_output_embeddings().weight.device),
-        },
+        "plain_tokens_per_s": plain_rate,
+        "best_speedup_over_plain": best_rate / plain_rate,
     }
-    (Path(args.heads) / "tree.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _calibration_prompt(row: dict, prompt_tokens: int):  # noqa: ANN202 - a [1, T] LongTensor
+    """A held-out row cut to ``prompt_tokens`` tokens, or for a chat (targets start later) up to its first assistant
+    target when that comes first, so that the timed decode writes an answer as in use."""
+    ids, targets = row["input_ids"], row["loss_mask"]
+    first_target = int(targets.nonzero()[0]) if targets.any() else 0
+    length = min(prompt_tokens, first_target) if first_target > 0 else prompt_tokens
+    return ids[None, : max(1, min(length, int(row["attention_mask"].sum())))]
+
+
+def _calibration_machine(base) -> dict:  # noqa: ANN001 - a PreTrainedModel
+    import platform
+
+    import torch
+
+    return {
+        "processor": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "device": str(base.get_output_embeddings().weight.device),
+    }
+
+
+def _print_calibration(args: argparse.Namespace, record: dict, best, step_ms: dict, agreement: dict) -> None:  # noqa: ANN001
+    from pathlib import Path
+
     print("verify cost (ms by query tokens): " + ", ".join(f"{q}: {ms:.1f}" for q, ms in step_ms.items()))
     print(
         "head agreement with the base's greedy token (rank 0): "
@@ -626,15 +709,23 @@ def _calibrate(args: argparse.Namespace) -> int:
         f"cost model: {len(best.choices)} nodes, expected tau {best.expected_tau:.2f}, "
         f"{best.step_ms:.1f} ms/step, expected {best.expected_tokens_per_s:.0f} tokens/s"
     )
-    for row in measured:
+    for row in record["measured"]:
         print(f"  measured {row['tree']}: {row['tokens_per_s']:.0f} tokens/s, tau {row['tau']:.2f}")
+    print(f"  measured plain decoding: {record['plain_tokens_per_s']:.0f} tokens/s")
+    static_rate = max(row["tokens_per_s"] for row in record["measured"] if isinstance(row["tree"], list))
     print(
-        f"best static tree (tree='auto'): {len(static_best['tree'])} nodes, {static_best['tokens_per_s']:.0f} "
+        f"best static tree (tree='auto'): {len(record['choices'])} nodes, {static_rate:.0f} "
         f"tokens/s measured; written to {Path(args.heads) / 'tree.json'}"
     )
     if "dynamic" in record:
-        print(f"EAGLE-2 dynamic tree for this machine: {record['dynamic']} (draft level {depth_ms:.2f} ms)")
-    return 0
+        level = record["draft_ms_per_level"]
+        print(f"EAGLE-2 dynamic tree for this machine: {record['dynamic']} (draft level {level:.2f} ms)")
+    if record["best_speedup_over_plain"] < 1.0:
+        print(
+            f"warning: no tree beats plain decoding on this machine (best {record['best_speedup_over_plain']:.2f}x of "
+            f"plain's {record['plain_tokens_per_s']:.0f} tokens/s): these heads do not pay here yet; train them "
+            "longer or decode without them"
+        )
 
 
 def _add_export(subparsers: argparse._SubParsersAction) -> None:
@@ -686,9 +777,9 @@ def _export(args: argparse.Namespace) -> int:
     from specheads.inference.decoder import _heads_path
     from specheads.loading import load_causal_lm
 
-    if args.heads == "default" and args.base != "default":
-        raise ValueError("--heads default are the heads shipped for --base default")
-    heads_dir = Path(_heads_path(args.heads))
+    if args.heads == "default" and args.base is None:
+        raise ValueError("--heads default are the heads shipped for --base (default, or a named base)")
+    heads_dir = Path(_heads_path(args.heads, args.base))
     base = load_causal_lm(args.base) if args.base else None
     heads = load_heads(heads_dir, base)
     base_name = None

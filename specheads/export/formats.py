@@ -105,6 +105,8 @@ def export_heads(
         heads.attach_base(base_model)
     name = base_name or (getattr(base_model.config, "_name_or_path", "") if base_model is not None else "")
     name = name or heads.config.base_model.get("name_or_path", "") or ""
+    if name and Path(name).expanduser().exists():  # a local folder: absolute, or engines read it as a hub id
+        name = str(Path(name).expanduser().resolve())
     writer = {"eagle3": _eagle3, "speculators": _speculators, "eagle": _eagle1, "medusa": _medusa}[format]
     config, tensors, serve, notes = writer(heads, base_model, name, engines, num_speculative_tokens)
     cast = DTYPES[dtype] if isinstance(dtype, str) else dtype
@@ -136,7 +138,8 @@ def export_heads(
         if staging.exists():
             shutil.rmtree(staging)
     report.directory = str(out)
-    commands = {engine: command.replace("{out}", str(out)) for engine, command in serve.items()}
+    # Absolute: engines read a relative directory name as a hub id.
+    commands = {engine: command.replace("{out}", str(out.resolve())) for engine, command in serve.items()}
     return ExportResult(out, format, report, commands, notes)
 
 

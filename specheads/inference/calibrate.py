@@ -203,25 +203,39 @@ def measure_decoding(
     trees: Sequence[object],
     max_new_tokens: int = 64,
     repeats: int = 3,
+    plain: object | None = None,
+    progress: bool = False,
 ) -> list[dict[str, float]]:
     """Decode ``prompts`` with each tree, interleaved (the order rotates), and return tokens/s and tau per tree.
 
     The model of :func:`choose_tree` leaves out the drafter's own per-step overhead (Python, small kernels), which
     on a CPU is as large as a draft forward; timing the real decode loop is what says which tree pays here. Each
     tree's speed is the median over its decodes, so that a burst of load on a shared machine moves it little.
+
+    Args:
+        plain: a decoder without a drafter on the same base; when given, plain decoding is timed among the trees
+            (interleaved the same way) and its row comes last: a tree pays only if it beats it.
+        progress: show a tqdm bar over the timed decodes.
     """
-    rates: list[list[float]] = [[] for _ in trees]
-    tokens = [0] * len(trees)
-    steps = [0] * len(trees)
+    from tqdm.auto import tqdm
+
+    runs = [(decoder, tree) for tree in trees] + ([(plain, None)] if plain is not None else [])
+    rates: list[list[float]] = [[] for _ in runs]
+    tokens = [0] * len(runs)
+    steps = [0] * len(runs)
+    bar = tqdm(total=repeats * len(prompts) * len(runs), desc="time trees", unit="decode", disable=not progress)
     for repeat in range(repeats):
         for index, prompt in enumerate(prompts):
-            shift = (index + repeat) % len(trees)
-            for position in [*range(shift, len(trees)), *range(shift)]:
+            shift = (index + repeat) % len(runs)
+            for position in [*range(shift, len(runs)), *range(shift)]:
+                runner, tree = runs[position]
                 start = time.perf_counter()
-                out = decoder.generate(prompt, max_new_tokens=max_new_tokens, tree=trees[position])
+                out = runner.generate(prompt, max_new_tokens=max_new_tokens, tree=tree)
                 rates[position].append(out.stats.new_tokens / (time.perf_counter() - start))
                 tokens[position] += out.stats.new_tokens
                 steps[position] += out.stats.steps
+                bar.update(1)
+    bar.close()
     return [
-        {"tokens_per_s": statistics.median(rates[i]), "tau": tokens[i] / max(steps[i], 1)} for i in range(len(trees))
+        {"tokens_per_s": statistics.median(rates[i]), "tau": tokens[i] / max(steps[i], 1)} for i in range(len(runs))
     ]

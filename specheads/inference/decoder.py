@@ -138,7 +138,8 @@ class SpecDecoder:
         from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
 
         if method is None:
-            method = "draft" if draft_model is not None else (_heads_method(heads) if heads is not None else "none")
+            inferred = _heads_method(heads, base) if heads is not None else "none"
+            method = "draft" if draft_model is not None else inferred
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {list(METHODS)}")
         if method in HEAD_TYPES and heads is None:
@@ -157,7 +158,7 @@ class SpecDecoder:
         elif method in HEAD_TYPES:
             from specheads.heads.loading import heads_for_decoding
 
-            loaded_heads, base_model = heads_for_decoding(_heads_path(heads), base_model)
+            loaded_heads, base_model = heads_for_decoding(_heads_path(heads, base), base_model)
             if head_type_of(loaded_heads).name != method:
                 raise ValueError(f"method {method!r} was asked for but the heads are {head_type_of(loaded_heads).name}")
             drafter = HEAD_TYPES[method].make_drafter(loaded_heads)
@@ -729,22 +730,16 @@ def _tree_mask(tree_mask: torch.Tensor, prefix_len: int, device: torch.device) -
     return torch.cat([prefix, tree_mask], dim=1)[None, None].to(device)
 
 
-def _heads_path(heads: str | Path | torch.nn.Module) -> str | Path | torch.nn.Module:
-    """``"default"`` names the EAGLE-3 heads shipped with the embedded default model."""
+def _heads_path(heads: str | Path | torch.nn.Module, base: Any = None) -> str | Path | torch.nn.Module:
+    """``"default"`` names the EAGLE-3 heads shipped for the base (the embedded default, or a named real base)."""
     if isinstance(heads, str) and heads == "default":
         from specheads import assets
 
-        path = Path(assets.resolve("default", role="eagle3"))
-        if not (path / "config.json").is_file():
-            raise assets.MissingAssetsError(
-                f"the default EAGLE-3 heads are not in this install ({path}); train them with "
-                "`specheads train --config configs/default/eagle3.yaml` and pass heads=<output dir>/heads"
-            )
-        return path
+        return assets.shipped_heads(base if isinstance(base, str) and base in assets.NAMED_BASES else "default")
     return heads
 
 
-def _heads_method(heads: str | Path | torch.nn.Module) -> str:
+def _heads_method(heads: str | Path | torch.nn.Module, base: Any = None) -> str:
     """The head type of a heads module or checkpoint directory (its ``head_type``, or its engine layout's)."""
     if isinstance(heads, torch.nn.Module):
         return head_type_of(heads).name
@@ -752,7 +747,7 @@ def _heads_method(heads: str | Path | torch.nn.Module) -> str:
 
     from specheads.export.formats import foreign_format
 
-    directory = Path(_heads_path(heads))
+    directory = Path(_heads_path(heads, base))
     layout = foreign_format(directory) if directory.is_dir() else None
     if layout in ("eagle3", "speculators", "eagle", "medusa"):
         return "medusa" if layout == "medusa" else "eagle"

@@ -308,3 +308,17 @@ def test_the_shipped_default_heads_export_for_every_eagle3_engine(tmp_path, caps
     assert "sglang: python -m sglang.launch_server" in printed and "--speculative-algorithm EAGLE3" in printed
     assert main(["export", "--heads", "default", "--base", "default", "--format", "eagle", "--out", "x"]) == 2
     assert "eagle format holds EAGLE-1 heads; these are EAGLE-3" in capsys.readouterr().err
+
+
+def test_serve_commands_name_local_folders_by_absolute_path(tmp_path, monkeypatch) -> None:
+    """Engines read a relative directory name as a hub id: the printed commands must not depend on the cwd."""
+    base = tiny_model("llama", layers=6)
+    head = EagleHead.from_base(base, version=3, layer_ids=[1, 3, 5])
+    (tmp_path / "base").mkdir()
+    monkeypatch.chdir(tmp_path)
+    result = export_heads(head, "out", "eagle3", base_model=base, base_name="base")
+    for command in result.commands.values():
+        assert str(tmp_path / "out") in command
+    assert f"vllm serve {tmp_path / 'base'} " in result.commands["vllm"]
+    hub = export_heads(head, "hub", "eagle3", base_model=base, base_name="org/base")
+    assert "vllm serve org/base " in hub.commands["vllm"]  # a hub id (no such folder here) stays a hub id

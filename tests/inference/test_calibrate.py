@@ -137,3 +137,40 @@ def test_a_per_level_draft_cost_is_charged_per_tree_level() -> None:
     assert cheap.step_ms + 7.0 * depth == pytest.approx(
         choose_tree(AGREEMENT, {1: 10.0 + 7.0 * depth, 64: 12.0 + 7.0 * depth}, max_nodes=20).step_ms
     )
+
+
+def test_calibrate_reads_the_recipe_held_out_split_and_times_plain_decoding(tmp_path, capsys) -> None:
+    """--config: the recipe's base, data, format, max_length and held-out split; plain decoding is a timed row and
+    untrained heads (slower than plain here) get a warning instead of a silent 'auto' tree."""
+    import yaml
+
+    from specheads.cli import main
+
+    base = tiny_model("llama", seed=1)
+    base.save_pretrained(tmp_path / "base")
+    tiny_tokenizer().save_pretrained(tmp_path / "base")
+    MedusaHeads.from_base(base, num_heads=3).save_pretrained(tmp_path / "heads")
+    lines = [f"def f{index}(x):\n    return x * {index}\n" for index in range(200)]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
+    recipe = {
+        "model": {"base": str(tmp_path / "base")},
+        "heads": {"type": "medusa", "num_heads": 3},
+        "data": {"paths": [str(tmp_path / "data.jsonl")], "format": "jsonl", "max_length": 32, "packing": False},
+        "output": {"dir": str(tmp_path / "run")},
+    }
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    args = ["calibrate", "--config", str(tmp_path / "recipe.yaml"), "--heads", str(tmp_path / "heads")]
+    args += ["--batches", "2", "--max-nodes", "4", "--new-tokens", "4"]
+    assert main(args) == 2  # a usage error: the recipe holds out no data
+    assert "holds out no data" in capsys.readouterr().err
+    recipe["data"]["heldout_fraction"] = 0.3
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    capsys.readouterr()
+    assert main(args) == 0
+    record = json.loads((tmp_path / "heads" / "tree.json").read_text())
+    assert record["plain_tokens_per_s"] > 0
+    fastest = max(row["tokens_per_s"] for row in record["measured"])
+    assert record["best_speedup_over_plain"] == pytest.approx(fastest / record["plain_tokens_per_s"])
+    printed = capsys.readouterr().out
+    assert "measured plain decoding" in printed and "held-out batches" in printed
+    assert ("no tree beats plain decoding" in printed) == (record["best_speedup_over_plain"] < 1.0)
