@@ -49,6 +49,7 @@ from specheads.heads.checkpoint import (
     load_module_state,
     save_checkpoint,
 )
+from specheads.heads.registry import Readout
 from specheads.inference import kv_cache
 from specheads.loading import vocab_size
 
@@ -392,6 +393,16 @@ class EagleHead(nn.Module):
             return lm_head(hidden.to(lm_head.weight.dtype))
         return self.lm_head(self.norm(hidden))
 
+    def projection(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(inputs, weight, bias)`` with ``F.linear(inputs, weight, bias) == self.logits(hidden)``.
+
+        Version 1: the base's lm_head reads ``hidden``; version 3: the head's own lm_head reads ``norm(hidden)``.
+        """
+        if self.config.version == 1:
+            lm_head = self._base_model().get_output_embeddings()
+            return hidden.to(lm_head.weight.dtype), lm_head.weight, lm_head.bias
+        return self.norm(hidden), self.lm_head.weight, None
+
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Target-vocabulary ids of draft-vocabulary ids."""
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
@@ -403,7 +414,8 @@ class EagleHead(nn.Module):
         attention_mask: torch.Tensor | None = None,
         steps: int = 1,
         feature_noise: float = 0.0,
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        readout: Readout | None = None,
+    ) -> tuple[list[torch.Tensor], list[Any]]:
         """The draft unrolled on its own outputs over whole sequences ("training-time test", EAGLE-3).
 
         Index t of every output holds the draft at sequence position t (t = 0 .. T - 2). Step 0 reads token t + 1
@@ -418,9 +430,14 @@ class EagleHead(nn.Module):
             attention_mask: ``[B, T]`` 1 for real tokens (None: all real).
             steps: how many draft steps to unroll (1 for EAGLE-1).
             feature_noise: width of uniform noise added to the base's features (EAGLE-1 training).
+            readout: instead of step i's logits, return ``readout(i, *self.projection(hidden_i))``: a loss can then
+                project a chunk of positions at a time (:func:`specheads.training.losses.linear_cross_entropy`) and
+                no ``[B, T - 1, Vd]`` tensor is built. Called inside ``forward``, so that wrappers (DDP, FSDP) see
+                every parameter used.
 
         Returns:
-            ``(hidden, logits)``: per step, ``[B, T - 1, H]`` draft outputs and ``[B, T - 1, Vd]`` logits.
+            ``(hidden, logits)``: per step, ``[B, T - 1, H]`` draft outputs and ``[B, T - 1, Vd]`` logits (or what
+            ``readout`` returned).
         """
         batch, length = input_ids.shape
         span = length - 1
@@ -441,7 +458,7 @@ class EagleHead(nn.Module):
             positions = torch.arange(step, step + span, device=device)[None].expand(batch, span)
             hidden = self.step(padded[:, 1 + step : 1 + step + span], hidden, positions, mask, cache)
             hiddens.append(hidden)
-            logits.append(self.logits(hidden))
+            logits.append(self.logits(hidden) if readout is None else readout(step, *self.projection(hidden)))
         return hiddens, logits
 
     # ------------------------------------------------------------------ checkpoints

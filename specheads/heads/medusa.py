@@ -23,6 +23,7 @@ from specheads.heads.checkpoint import (
     load_module_state,
     save_checkpoint,
 )
+from specheads.heads.registry import Readout
 
 
 class ResBlock(nn.Module):
@@ -113,32 +114,50 @@ class MedusaHeads(nn.Module):
         if self.config.share_lm_head:
             self._base_lm_head = [base_model.get_output_embeddings()]
 
-    def forward(self, hidden_states: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, num_heads: int | None = None, readout: Readout | None = None
+    ) -> torch.Tensor | list[Any]:
         """Logits of the first ``num_heads`` heads (all by default).
 
         Args:
             hidden_states: ``[..., H]`` the base's last hidden states (post final norm).
             num_heads: compute only heads 0..num_heads-1 (a shallow tree needs no more; each head's vocabulary
                 projection is as large as the base's lm_head, so unused heads are not free at decode time).
+            readout: instead of logits, return ``[readout(k, states_k, weight_k, bias_k) for each head k]``, where
+                ``F.linear(states_k, weight_k, bias_k)`` would be head k's logits: a loss can then project a chunk
+                of positions at a time (:func:`specheads.training.losses.linear_cross_entropy`) and no ``[..., V]``
+                tensor is built. Called inside ``forward``, so that wrappers (DDP, FSDP) see every parameter used.
 
         Returns:
-            ``[num_heads, ..., V]``: head k's logits for the token k + 2 positions ahead.
+            ``[num_heads, ..., V]``: head k's logits for the token k + 2 positions ahead (a list of what ``readout``
+            returned, when given).
         """
         outputs = []
         for index, blocks in enumerate(self.blocks[:num_heads]):
             hidden = hidden_states
             for block in blocks:
                 hidden = block(hidden)
-            outputs.append(self._project(index, hidden))
-        return torch.stack(outputs, dim=0)
+            if readout is None:
+                outputs.append(self._project(index, hidden))
+            else:
+                outputs.append(readout(index, hidden, *self.projection(index)))
+        return outputs if readout is not None else torch.stack(outputs, dim=0)
+
+    def projection(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(weight [V, H], bias [V] or None)`` of head ``index``'s vocabulary projection (shared: the base's)."""
+        lm_head = self._lm_head(index)
+        return lm_head.weight, lm_head.bias
 
     def _project(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+        return self._lm_head(index)(hidden)
+
+    def _lm_head(self, index: int) -> nn.Module:
         if self.lm_heads is not None:
-            return self.lm_heads[index](hidden)
+            return self.lm_heads[index]
         lm_head = self._base_lm_head[0]
         if lm_head is None:
             raise RuntimeError("shared-lm_head Medusa heads need attach_base(base_model) before use")
-        return lm_head(hidden)
+        return lm_head
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write the native checkpoint: ``config.json`` + ``model.safetensors``."""

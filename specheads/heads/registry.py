@@ -8,8 +8,15 @@ configs do), so that the heads package does not import the trainer or the engine
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import torch
+
+# What a head module's ``forward(..., readout=fn)`` calls instead of computing logits: ``fn(index, inputs, weight,
+# bias)`` with ``F.linear(inputs, weight, bias)`` the logits of head / draft step ``index``; its results are returned.
+Readout = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], Any]
 
 
 def _resolve(path: str) -> Any:

@@ -20,7 +20,7 @@ from specheads.heads.eagle import EagleHead
 from specheads.loading import vocab_size
 from specheads.training.config import EagleHeadsConfig
 from specheads.training.evaluate import RANKS, agreement_summary
-from specheads.training.losses import draft_cross_entropy, eagle1_loss, eagle_targets, ttt_weights
+from specheads.training.losses import UnrolledLosses, eagle1_loss, eagle_loss, projected_top_k, ttt_weights
 
 
 def build_heads(base: torch.nn.Module, section: EagleHeadsConfig, dataset: Any) -> EagleHead:
@@ -59,49 +59,57 @@ def base_features(base: torch.nn.Module, head: EagleHead, batch: dict[str, torch
 
 
 def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one micro-batch (see the module docstring)."""
+    """The loss of one micro-batch (see the module docstring).
+
+    No draft step's logits are built whole: the head's forward hands each step's projection inputs to a readout
+    that keeps them, and at the last step :func:`eagle_loss` scores them all, a chunk of positions at a time,
+    against the base's logits (inside the forward, where wrappers such as DDP and FSDP see the projection's use).
+    """
     section: EagleHeadsConfig = run.config.heads
     head: EagleHead = run.accelerator.unwrap_model(run.heads)
     input_ids, loss_mask = batch["input_ids"], batch["loss_mask"] * batch["attention_mask"]
     features, out = base_features(run.base, head, batch)
     corpus = section.targets == "corpus"
-    base_logits = None if corpus else out.logits
-    draft_ids = head.draft_token_ids() if head.config.reduced_vocab else None
-    vocab = head.config.vocab_size
+    steps = 1 if head.config.version == 1 else section.ttt_steps
+    step_weights = torch.ones(1) if head.config.version == 1 else ttt_weights(steps, section.ttt_decay)
+    kept: list[torch.Tensor] = []
+
+    def readout(step: int, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+        kept.append(inputs)
+        if len(kept) < steps:
+            return None
+        draft_ids = head.draft_token_ids() if head.config.reduced_vocab else None
+        targets = (None if corpus else out.logits, input_ids, loss_mask, draft_ids, corpus, head.config.vocab_size)
+        top_k = 1 if run.logging_step else 0  # the agreement metric reads the draft's top-1
+        return eagle_loss(kept, weight, bias, step_weights, *targets, top_k=top_k)
+
+    noise = section.feature_noise if head.config.version == 1 else 0.0
+    hiddens, results = run.heads(input_ids, features, batch["attention_mask"], steps, noise, readout)
+    losses: UnrolledLosses = results[-1]
     if head.config.version == 1:
-        hiddens, logits = run.heads(input_ids, features, batch["attention_mask"], 1, section.feature_noise)
-        targets, mask = eagle_targets(base_logits, input_ids, loss_mask, 0, draft_ids, corpus, vocab)
         loss, parts = eagle1_loss(
-            hiddens[0], logits[0], features[0], targets, mask, section.feature_loss_weight, section.ce_loss_weight
+            hiddens[0], features[0], losses.masks[0], losses.loss, section.feature_loss_weight, section.ce_loss_weight
         )
         metrics = {name: float(value) for name, value in parts.items()}
-        if run.logging_step:
-            metrics["step_0/agreement"] = _agreement(head, logits[0], out.logits, 0, mask)
-        return loss, metrics
-    hiddens, logits = run.heads(input_ids, features, batch["attention_mask"], section.ttt_steps)
-    weights = ttt_weights(section.ttt_steps, section.ttt_decay)
-    loss = logits[0].sum() * 0.0
-    metrics = {}
-    for step, step_logits in enumerate(logits):
-        targets, mask = eagle_targets(base_logits, input_ids, loss_mask, step, draft_ids, corpus, vocab)
-        step_loss = draft_cross_entropy(step_logits, targets, mask)
-        loss = loss + float(weights[step]) * step_loss
-        metrics[f"step_{step}/loss"] = float(step_loss.detach())
-        if run.logging_step:
-            metrics[f"step_{step}/agreement"] = _agreement(head, step_logits, out.logits, step, mask)
+    else:
+        loss = losses.loss
+        metrics = {f"step_{step}/loss": float(value) for step, value in enumerate(losses.step_losses)}
+    if run.logging_step:
+        for step, (top, mask) in enumerate(zip(losses.tops, losses.masks, strict=True)):
+            metrics[f"step_{step}/agreement"] = _agreement(head, top, out.logits, step, mask)
     return loss, metrics
 
 
-def _agreement(
-    head: EagleHead, draft_logits: torch.Tensor, base_logits: torch.Tensor, step: int, mask: torch.Tensor
-) -> float:
-    """Teacher-forced agreement of step ``step``'s top-1 with the base's greedy token (a training-time signal)."""
+def _agreement(head: EagleHead, top: torch.Tensor, base_logits: torch.Tensor, step: int, mask: torch.Tensor) -> float:
+    """Teacher-forced agreement of step ``step``'s top-1 with the base's greedy token (a training-time signal).
+
+    ``top`` ``[M, 1]`` holds the draft's top-1 (draft ids) at the M positions of ``mask`` ``[B, T - 1]``, in order.
+    """
     with torch.no_grad():
-        count = draft_logits.shape[1] - step  # positions t with t + 1 + step <= T - 1
-        drafted = head.to_target(draft_logits.argmax(dim=-1))[:, :count]
-        wanted = base_logits[:, 1 + step : 1 + step + count].argmax(dim=-1)
-        valid = mask[:, :count]
-        return float(((drafted == wanted) & valid).sum() / valid.sum().clamp_min(1))
+        batch_index, position = mask.nonzero(as_tuple=True)
+        wanted = base_logits[batch_index, position + 1 + step].argmax(dim=-1)  # the base's token at t + 2 + step
+        drafted = head.to_target(top[:, 0])
+        return float((drafted == wanted).sum() / max(int(mask.sum()), 1))
 
 
 @torch.inference_mode()
@@ -125,6 +133,10 @@ def eagle_agreement(
     device = base.get_output_embeddings().weight.device  # batches may come from a CPU loader
     by_rank = torch.zeros(depth, ranks, device=device)
     agree, top5, correct, counts = (torch.zeros(depth, device=device) for _ in range(4))
+
+    def top_ids(step: int, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return projected_top_k(inputs, weight, bias, ranks)  # the draft's logits exist a chunk at a time
+
     for index, batch in enumerate(batches):
         if max_batches is not None and index >= max_batches:
             break
@@ -132,7 +144,7 @@ def eagle_agreement(
         input_ids = batch["input_ids"].long()
         valid_tokens = batch["loss_mask"].bool() & batch["attention_mask"].bool()
         features, out = base_features(base, head, batch)
-        _, logits = head(input_ids, features, batch["attention_mask"], depth)
+        _, tops = head(input_ids, features, batch["attention_mask"], depth, readout=top_ids)  # [B, T - 1, R] each
         greedy = out.logits.argmax(dim=-1)  # [B, T]: the base's token after position t
         length = input_ids.shape[1]
         on_path = torch.ones_like(input_ids[:, :-1], dtype=torch.bool)  # [B, T - 1]
@@ -140,7 +152,7 @@ def eagle_agreement(
             count = length - 2 - step  # positions t with a target t + 2 + step inside the sequence
             if count <= 0:
                 break
-            top = head.to_target(logits[step][:, :count].topk(ranks, dim=-1).indices)  # [B, count, R]
+            top = head.to_target(tops[step][:, :count])  # [B, count, R]
             wanted = greedy[:, 1 + step : 1 + step + count]
             valid = on_path[:, :count] & valid_tokens[:, 2 + step :]
             hits = (top == wanted[..., None]) & valid[..., None]

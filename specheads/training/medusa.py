@@ -8,7 +8,13 @@ import torch
 
 from specheads.heads.medusa import MedusaHeads
 from specheads.training.config import HeadsConfig
-from specheads.training.losses import distillation_loss, lm_loss, medusa2_head_weights, medusa_loss
+from specheads.training.losses import (
+    distillation_loss,
+    lm_loss,
+    medusa2_head_weights,
+    medusa_head_loss,
+    stack_head_losses,
+)
 
 
 def build_heads(base: torch.nn.Module, section: HeadsConfig, dataset: Any) -> MedusaHeads:
@@ -19,7 +25,12 @@ def build_heads(base: torch.nn.Module, section: HeadsConfig, dataset: Any) -> Me
 
 
 def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one micro-batch: one base forward for all heads (with gradients only in Medusa-2's joint stage)."""
+    """The loss of one micro-batch: one base forward for all heads (with gradients only in Medusa-2's joint stage).
+
+    No head's ``[B, T, V]`` logits are built: the heads' forward hands each head's projection to
+    :func:`medusa_head_loss`, which scores a chunk of positions at a time; the base's own losses (Medusa-2) are
+    computed in chunks of its logits.
+    """
     config = run.config
     input_ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
     joint = config.lora.enabled and run.step >= config.lora.stage1_steps
@@ -31,7 +42,12 @@ def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
             logits_to_keep=0 if config.lora.enabled else 1,
         )
     hidden = out.hidden_states[-1].float()  # [B, T, H] the state the base's lm_head reads
-    head_losses = medusa_loss(run.heads(hidden), input_ids, loss_mask, accuracy=run.logging_step)
+
+    def head_loss(head: int, states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+        # called inside the heads' forward with head k's projection: scored a chunk of positions at a time
+        return medusa_head_loss(states, input_ids, loss_mask, head, weight, bias, accuracy=run.logging_step)
+
+    head_losses = stack_head_losses(run.heads(hidden, readout=head_loss))
     if config.lora.enabled:
         ramp = config.lora.head_weight_warmup_steps
         schedule = min(1.0, (run.step + 1) / ramp) if ramp else 1.0

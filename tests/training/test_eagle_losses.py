@@ -13,7 +13,7 @@ from helpers import tiny_model
 from specheads.heads import EagleHead
 from specheads.heads.eagle import select_draft_vocab
 from specheads.inference import kv_cache
-from specheads.training.losses import draft_cross_entropy, eagle1_loss, eagle_targets, ttt_weights
+from specheads.training.losses import draft_cross_entropy, eagle1_loss, eagle_loss, eagle_targets, ttt_weights
 
 VOCAB = 8
 TOKENS = torch.tensor([[2, 3, 4, 5, 6, 7]])  # [1, 6]
@@ -111,20 +111,21 @@ def test_eagle1_loss_regresses_onto_the_feature_of_t_plus_1() -> None:
     features = torch.randn(1, 6, 4, generator=torch.Generator().manual_seed(0))
     logits = _base_logits()[:, 1:]  # the base's distribution at t + 1: zero excess cross-entropy
     targets, mask = eagle_targets(_base_logits(), TOKENS, ALL, 0)
-    loss, parts = eagle1_loss(features[:, 1:], logits, features, targets, mask)
+    ce = draft_cross_entropy(logits, targets, mask)
+    loss, parts = eagle1_loss(features[:, 1:], features, mask, ce)
     assert parts["feature_loss"] == 0
     entropy = -(targets[mask] * targets[mask].log()).sum(dim=-1).mean()
     torch.testing.assert_close(parts["ce_loss"], entropy)
     torch.testing.assert_close(loss, 0.1 * entropy)  # default weights 1.0 and 0.1
     # The feature of t itself (no prediction) is wrong; SmoothL1 by hand on the counted positions 0..3.
-    loss, parts = eagle1_loss(features[:, :-1], logits, features, targets, mask, feature_weight=2.0, ce_weight=0.5)
+    loss, parts = eagle1_loss(features[:, :-1], features, mask, ce, feature_weight=2.0, ce_weight=0.5)
     expected = F.smooth_l1_loss(features[0, :4], features[0, 1:5])
     torch.testing.assert_close(parts["feature_loss"], expected)
     torch.testing.assert_close(loss, 2.0 * expected + 0.5 * entropy)
     # Whatever the draft outputs where no target counts does not matter.
     garbage = features[:, 1:].clone()
     garbage[0, 4] = 100.0
-    assert eagle1_loss(garbage, logits, features, targets, mask)[1]["feature_loss"] == 0
+    assert eagle1_loss(garbage, features, mask, ce)[1]["feature_loss"] == 0
 
 
 def test_ttt_weights() -> None:
@@ -209,3 +210,42 @@ def test_select_draft_vocab_takes_the_most_frequent_ids_ties_by_lowest_id() -> N
     for size in (0, 8):
         with pytest.raises(ValueError, match="draft_vocab_size"):
             select_draft_vocab(counts, size)
+
+
+# -------------------------------------------------------------------------------------------- chunked projections
+@pytest.mark.parametrize("corpus", [False, True])
+def test_eagle_loss_equals_the_loss_of_the_logits_gradients_included(base, corpus: bool) -> None:
+    """All unrolled steps in one chunked call: the same as each step's logits against eagle_targets, weighted."""
+    tokens = torch.randint(2, 96, (2, 9), generator=torch.Generator().manual_seed(3))
+    loss_mask = torch.ones_like(tokens)
+    loss_mask[0, 4] = 0
+    with torch.no_grad():
+        out = base(tokens, output_hidden_states=True)
+    for head in _heads(base):
+        features = [out.hidden_states[index] for index in head.hidden_state_layers]
+        draft_ids = head.draft_token_ids() if head.config.reduced_vocab else None
+        weights = ttt_weights(3, 0.8)
+        hiddens, logits = head(tokens, features, None, steps=3)
+        reference = sum(
+            weights[step]
+            * draft_cross_entropy(
+                logits[step], *eagle_targets(out.logits, tokens, loss_mask, step, draft_ids, corpus, 96)
+            )
+            for step in range(3)
+        )
+        projections = [head.projection(hidden) for hidden in hiddens]
+        inputs = [projection[0] for projection in projections]
+        _, weight, bias = projections[0]
+        result = eagle_loss(inputs, weight, bias, weights, out.logits, tokens, loss_mask, draft_ids, corpus, 96, 1)
+        torch.testing.assert_close(result.loss, reference)
+        parameters = [p for p in head.parameters() if p.requires_grad]
+        expected = torch.autograd.grad(reference, parameters, retain_graph=True, allow_unused=True)
+        got = torch.autograd.grad(result.loss, parameters, allow_unused=True)
+        for got_grad, expected_grad in zip(got, expected, strict=True):
+            assert (got_grad is None) == (expected_grad is None)
+            if got_grad is not None:
+                torch.testing.assert_close(got_grad, expected_grad, rtol=1e-4, atol=1e-6)
+        for step in range(3):
+            _, mask = eagle_targets(out.logits, tokens, loss_mask, step, draft_ids, corpus, 96)
+            assert torch.equal(result.masks[step], mask)
+            assert torch.equal(result.tops[step][:, 0], logits[step][mask].argmax(dim=-1))

@@ -1,14 +1,20 @@
-"""Loss alignment, checked by hand: head k at position t predicts token t + 2 + k."""
+"""Loss alignment, checked by hand: head k at position t predicts token t + 2 + k; the chunked projection losses
+equal the unchunked ones, gradients included."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.nn.functional as F
 
 from specheads.training.losses import (
+    TeacherLogits,
     distillation_loss,
     head_targets,
+    linear_cross_entropy,
     lm_loss,
     medusa2_head_weights,
+    medusa_head_loss,
     medusa_loss,
 )
 
@@ -82,3 +88,113 @@ def test_distillation_is_zero_for_identical_logits_and_positive_otherwise() -> N
 def test_medusa2_weights() -> None:
     weights = medusa2_head_weights(3, weight=0.2, decay=0.8, schedule=0.5)
     assert torch.allclose(weights, torch.tensor([0.1, 0.08, 0.064]))
+
+
+# ------------------------------------------------------------------------------------------- chunked projections
+def _projection_case(seed: int = 0, rows: int = 13, width: int = 7, vocab: int = 11):
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(rows, width, generator=generator, dtype=torch.float64).requires_grad_()
+    weight = torch.randn(vocab, width, generator=generator, dtype=torch.float64).requires_grad_()
+    bias = torch.randn(vocab, generator=generator, dtype=torch.float64).requires_grad_()
+    return inputs, weight, bias, generator
+
+
+def _grads(loss: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    return list(torch.autograd.grad(loss, tensors))
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 4, 100])
+def test_linear_cross_entropy_equals_the_unchunked_loss_and_gradients(chunk_rows: int) -> None:
+    inputs, weight, bias, generator = _projection_case()
+    rows = torch.tensor([0, 3, 4, 7, 12, 9])  # any subset, any order
+    ids = torch.randint(0, 11, (6,), generator=generator)
+    scored = linear_cross_entropy(inputs, weight, ids, rows=rows, bias=bias, top_k=3, chunk_rows=chunk_rows)
+    logits = F.linear(inputs[rows], weight, bias)
+    reference = F.cross_entropy(logits.float(), ids)
+    torch.testing.assert_close(scored.loss, reference)
+    for got, expected in zip(
+        _grads(scored.loss, inputs, weight, bias), _grads(reference, inputs, weight, bias), strict=True
+    ):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(scored.row_losses, F.cross_entropy(logits.float(), ids, reduction="none").detach())
+    assert torch.equal(scored.top, logits.topk(3, dim=-1).indices)
+
+
+@pytest.mark.parametrize("columns", [None, torch.tensor([1, 2, 5, 8, 10])])
+def test_soft_targets_are_the_teachers_rows_renormalised_onto_the_columns(columns) -> None:
+    inputs, weight, bias, generator = _projection_case(1)
+    if columns is not None:
+        weight = weight[columns].detach().requires_grad_()  # the student predicts the columns only
+        bias = bias[columns].detach().requires_grad_()
+    teacher = torch.randn(20, 11, generator=generator, dtype=torch.float64)
+    teacher_rows = torch.randint(0, 20, (13,), generator=generator)
+    targets = TeacherLogits(teacher, teacher_rows, columns)
+    scored = linear_cross_entropy(inputs, weight, targets, bias=bias, chunk_rows=5)
+    wanted = teacher[teacher_rows] if columns is None else teacher[teacher_rows][:, columns]
+    probabilities = wanted.float().softmax(dim=-1)
+    log_q = F.linear(inputs, weight, bias).float().log_softmax(dim=-1)
+    reference = -(probabilities * log_q).sum(dim=-1).mean()
+    torch.testing.assert_close(scored.loss, reference)
+    for got, expected in zip(
+        _grads(scored.loss, inputs, weight, bias), _grads(reference, inputs, weight, bias), strict=True
+    ):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+    if columns is not None:  # softmax over the columns == the full softmax restricted and renormalised
+        full = teacher[teacher_rows].float().softmax(dim=-1)[:, columns]
+        torch.testing.assert_close(probabilities, full / full.sum(dim=-1, keepdim=True))
+
+
+def test_logits_without_a_projection_row_weights_and_kl() -> None:
+    logits = torch.randn(2, 5, VOCAB, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    teacher = torch.randn(2, 5, VOCAB, generator=torch.Generator().manual_seed(3))
+    flat, rows = logits.reshape(-1, VOCAB), torch.tensor([1, 2, 6, 9])
+    weights = torch.tensor([0.5, 0.25, 0.125, 2.0])
+    scored = linear_cross_entropy(
+        flat,
+        None,
+        TeacherLogits(teacher.reshape(-1, VOCAB), rows),
+        rows=rows,
+        row_weights=weights,
+        kl=True,
+        chunk_rows=3,
+    )
+    per_row = F.kl_div(
+        flat[rows].log_softmax(dim=-1),
+        teacher.reshape(-1, VOCAB)[rows].log_softmax(dim=-1),
+        log_target=True,
+        reduction="none",
+    ).sum(dim=-1)
+    reference = (weights * per_row).sum()
+    torch.testing.assert_close(scored.loss, reference)
+    torch.testing.assert_close(scored.row_losses, per_row.detach())
+    torch.testing.assert_close(_grads(scored.loss, logits)[0], _grads(reference, logits)[0])
+
+
+def test_no_rows_give_a_zero_loss_connected_to_the_graph_and_no_grad_gives_no_gradients() -> None:
+    inputs, weight, bias, _ = _projection_case()
+    empty = linear_cross_entropy(
+        inputs, weight, torch.zeros(0, dtype=torch.long), rows=torch.zeros(0, dtype=torch.long)
+    )
+    assert empty.loss == 0 and empty.row_losses.numel() == 0
+    assert all(grad is not None for grad in _grads(empty.loss, inputs, weight))
+    with torch.no_grad():
+        scored = linear_cross_entropy(inputs, weight, torch.zeros(13, dtype=torch.long), bias=bias)
+    assert not scored.loss.requires_grad and scored.loss > 0
+
+
+def test_medusa_head_loss_through_the_projection_equals_the_loss_of_the_logits() -> None:
+    generator = torch.Generator().manual_seed(4)
+    states = torch.randn(2, 6, 5, generator=generator).requires_grad_()
+    weight = torch.randn(VOCAB, 5, generator=generator).requires_grad_()
+    tokens = torch.randint(0, VOCAB, (2, 6), generator=generator)
+    mask = torch.ones_like(tokens)
+    mask[1, 4] = 0
+    for head in range(3):  # every head reads the same states here; head k is scored against token t + 2 + k
+        projected = medusa_head_loss(states, tokens, mask, head, weight)
+        reference = medusa_loss(F.linear(states, weight).expand(3, -1, -1, -1), tokens, mask)
+        expected = torch.stack([reference.top1[head], reference.top5[head], reference.count[head]])
+        torch.testing.assert_close(projected[0], reference.loss[head])
+        torch.testing.assert_close(torch.stack(projected[1:]), expected)
+        got = _grads(projected[0], states, weight)
+        for got_grad, expected_grad in zip(got, _grads(reference.loss[head], states, weight), strict=True):
+            torch.testing.assert_close(got_grad, expected_grad)
