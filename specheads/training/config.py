@@ -85,7 +85,7 @@ class EagleHeadsConfig:
 
 @dataclass
 class DataConfig:
-    paths: list[str] = field(default_factory=list)  # files or folders
+    paths: list[str] = field(default_factory=list)  # files or folders; "sharegpt": the installed ShareGPT V3 file
     format: str = "text"  # sharegpt | text | jsonl
     max_length: int = 512
     text_field: str = "text"  # the field of jsonl records holding the text
@@ -95,6 +95,12 @@ class DataConfig:
     heldout_fraction: float = 0.0  # held out from training for evaluation, by record hash
     eval_paths: list[str] = field(default_factory=list)  # held-out data evaluated after training (same format)
     eval_batches: int = 50  # at most this many batches of held-out data
+    # A directory of the frozen base's features for the training rows, written on first use and reused across
+    # epochs, runs and head types (see specheads.training.features); None: the base runs on every micro-batch.
+    feature_cache: str | None = None
+    num_proc: int = 2  # processes that tokenise (capped at the CPU count; a few hundred records stay in-process)
+    cache: bool = True  # save the tokenised rows; a later build of the same files, tokenizer and settings loads them
+    cache_dir: str | None = None  # where cached rows go (None: datasets' cache, HF_DATASETS_CACHE, + /specheads)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from specheads.heads.eagle import EagleHead
 from specheads.loading import vocab_size
 from specheads.training.config import EagleHeadsConfig
 from specheads.training.evaluate import RANKS, agreement_summary
+from specheads.training.features import base_output
 from specheads.training.losses import UnrolledLosses, eagle1_loss, eagle_loss, projected_top_k, ttt_weights
 
 
@@ -52,9 +53,10 @@ def token_counts(dataset: Any, vocab_size: int) -> torch.Tensor:
 
 
 def base_features(base: torch.nn.Module, head: EagleHead, batch: dict[str, torch.Tensor]) -> tuple[list, Any]:
-    """One frozen base forward: the features the head reads and the base's output (logits for every position)."""
+    """One frozen base forward (or its cached features, see :mod:`specheads.training.features`): the features the
+    head reads and the base's output (logits for every position)."""
     with torch.no_grad():
-        out = base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+        out = base_output(base, batch)
     return [out.hidden_states[index].float() for index in head.hidden_state_layers], out
 
 

@@ -8,6 +8,7 @@ import torch
 
 from specheads.heads.medusa import MedusaHeads
 from specheads.training.config import HeadsConfig
+from specheads.training.features import base_output
 from specheads.training.losses import (
     distillation_loss,
     lm_loss,
@@ -35,12 +36,7 @@ def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
     input_ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
     joint = config.lora.enabled and run.step >= config.lora.stage1_steps
     with torch.set_grad_enabled(joint):
-        out = run.base(
-            input_ids=input_ids,
-            attention_mask=attention,
-            output_hidden_states=True,
-            logits_to_keep=0 if config.lora.enabled else 1,
-        )
+        out = base_output(run.base, batch, logits_to_keep=0 if config.lora.enabled else 1)  # or the feature cache
     hidden = out.hidden_states[-1].float()  # [B, T, H] the state the base's lm_head reads
 
     def head_loss(head: int, states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:

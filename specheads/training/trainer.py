@@ -45,6 +45,7 @@ from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.training.config import ConfigError, RecipeConfig
 from specheads.training.data import build_dataset
 from specheads.training.evaluate import heldout_lm_loss
+from specheads.training.features import CachedFeatures, collate_padded, rows_fingerprint, write_feature_cache
 
 CHECKPOINTS = "checkpoints"
 RUN_CONFIG = "run_config.json"
@@ -153,6 +154,9 @@ def setup(config: RecipeConfig) -> Run:
         dataset = build_dataset(data_config, tokenizer).with_format("torch")
     heads = head_type.build_heads(base, config.heads, dataset)
     base = _prepare_base(config, base)
+    collate = collate_trimmed
+    if config.data.feature_cache:
+        dataset, collate = _cached_features(config, accelerator, base, heads, dataset), collate_padded
     generator = torch.Generator().manual_seed(config.train.seed)
     dataloader = torch.utils.data.DataLoader(
         dataset,
@@ -160,7 +164,7 @@ def setup(config: RecipeConfig) -> Run:
         shuffle=True,
         drop_last=True,
         generator=generator,
-        collate_fn=collate_trimmed,
+        collate_fn=collate,
     )
     if len(dataloader) == 0:
         raise ConfigError(f"the data gives {len(dataset)} rows, fewer than one batch of {config.train.batch_size}")
@@ -194,6 +198,22 @@ def setup(config: RecipeConfig) -> Run:
     )
     _resume(run)
     return run
+
+
+def _cached_features(
+    config: RecipeConfig, accelerator: Accelerator, base: torch.nn.Module, heads: torch.nn.Module, dataset: Any
+) -> CachedFeatures:
+    """The rows with the base's features from ``data.feature_cache``, written there first where missing (by the
+    main process; the others wait and read it)."""
+    if config.lora.enabled:
+        raise ConfigError("data.feature_cache needs a frozen base; lora.enabled trains it (Medusa-2)")
+    directory = Path(config.data.feature_cache).expanduser()
+    layers = getattr(heads, "hidden_state_layers", ())
+    if accelerator.is_main_process:
+        accelerator.print(f"feature cache: {directory} (base hidden states {sorted({*layers})} and the final one)")
+        write_feature_cache(base, dataset, layers, directory, rows_fingerprint(dataset), config.train.batch_size)
+    accelerator.wait_for_everyone()
+    return CachedFeatures(directory)
 
 
 def collate_trimmed(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,259 @@
+"""An offline cache of the frozen base's features, written once and reused across epochs, runs and head types.
+
+Training heads on a frozen base runs the base forward on every micro-batch, again each epoch and again for every
+head type trained on the same data. The cache stores, for every training row, the base's hidden states at the
+layers the heads read (EAGLE-3's fused low/middle/high layers) and its final hidden state (what the lm_head reads:
+Medusa's input, and the targets, recomputed through the frozen lm_head instead of stored: ``V`` floats a token would
+not fit on any disk). Shards are bf16 safetensors of ``rows_per_shard`` rows each, cut to the longest real row of
+the shard.
+
+Layout of ``DIR``::
+
+    index.json              base fingerprint, layer ids, data fingerprint, rows, rows_per_shard, hidden size
+    shard-00000.safetensors input_ids int32 [n, T], attention_mask / loss_mask int8 [n, T],
+                            hidden.<layer> bf16 [n, T, H] for each cached layer (the last one is the final state)
+
+Writing is resumable: every shard is written under a temporary name and renamed (an existing shard is complete),
+and a cache whose ``index.json`` names another base, other layers or other data is refused rather than mixed.
+Reading is by memory-mapped safetensors; a row is returned cut to its real length and batches are right-padded by
+:func:`collate_padded`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from specheads.heads.checkpoint import atomic_write, fingerprint
+
+INDEX = "index.json"
+ROWS_PER_SHARD = 64
+_ROW_COLUMNS = ("input_ids", "attention_mask", "loss_mask")
+
+
+class FeatureCacheError(ValueError):
+    """A feature cache that does not belong to this base, these layers or this data."""
+
+
+def rows_fingerprint(dataset: Any, chunk: int = 1024) -> str:
+    """sha256 over the token ids and masks of every row, in order: the identity of the tokenised training data."""
+    digest = hashlib.sha256()
+    for start in range(0, len(dataset), chunk):
+        rows = dataset[start : start + chunk]
+        for name in _ROW_COLUMNS:
+            digest.update(torch.as_tensor(rows[name]).to(torch.int32).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def cache_identity(base: torch.nn.Module, layers: Sequence[int], data_fingerprint: str, rows: int) -> dict[str, Any]:
+    """What a cache must match to be reused: the base's fingerprint, the layers, the tokenised data."""
+    return {
+        "base_fingerprint": fingerprint(base),
+        "layers": [int(layer) for layer in layers],
+        "data_fingerprint": data_fingerprint,
+        "rows": int(rows),
+        "hidden_size": int(base.config.hidden_size),
+    }
+
+
+def write_feature_cache(
+    base: torch.nn.Module,
+    dataset: Any,
+    layers: Sequence[int],
+    directory: str | Path,
+    data_fingerprint: str,
+    batch_size: int = 8,
+    rows_per_shard: int = ROWS_PER_SHARD,
+    progress: bool = True,
+) -> Path:
+    """Run the base over ``dataset`` once and write the features of ``layers`` (hidden_states indices); shards
+    already on disk are kept. Returns the cache directory.
+
+    Args:
+        base: the frozen base (eval mode).
+        dataset: rows with ``input_ids``, ``attention_mask``, ``loss_mask`` (torch format), in training order.
+        layers: ``hidden_states`` indices to keep; the last hidden state (index ``num_hidden_layers``) is added.
+        directory: the cache directory.
+        data_fingerprint: identifies the tokenised rows (e.g. datasets' ``Dataset._fingerprint``).
+
+    Raises:
+        FeatureCacheError: the directory holds a cache of another base, other layers or other data.
+    """
+    directory = Path(directory)
+    final_layer = int(base.config.num_hidden_layers)
+    layers = sorted({*(int(layer) for layer in layers), final_layer})
+    identity = {**cache_identity(base, layers, data_fingerprint, len(dataset)), "rows_per_shard": rows_per_shard}
+    _check_or_write_index(directory, identity)
+    shards = math.ceil(len(dataset) / rows_per_shard)
+    todo = [shard for shard in range(shards) if not _shard_path(directory, shard).is_file()]
+    device = base.get_output_embeddings().weight.device
+    bar = tqdm(total=len(dataset), desc="feature cache", unit="row", disable=not progress)
+    bar.update(len(dataset) - sum(_shard_rows(shard, len(dataset), rows_per_shard) for shard in todo))
+    for shard in todo:
+        start = shard * rows_per_shard
+        rows = dataset[start : min(start + rows_per_shard, len(dataset))]
+        tensors = _shard_features(base, rows, layers, batch_size, device)
+        atomic_write(_shard_path(directory, shard), lambda path, tensors=tensors: save_file(tensors, str(path)))
+        bar.update(len(rows["input_ids"]))
+    bar.close()
+    return directory
+
+
+def _shard_rows(shard: int, rows: int, rows_per_shard: int) -> int:
+    return min(rows_per_shard, rows - shard * rows_per_shard)
+
+
+def _shard_path(directory: Path, shard: int) -> Path:
+    return directory / f"shard-{shard:05d}.safetensors"
+
+
+def _check_or_write_index(directory: Path, identity: dict[str, Any]) -> None:
+    path = directory / INDEX
+    if path.is_file():
+        recorded = json.loads(path.read_text())
+        if recorded != identity:
+            differing = sorted(key for key in identity if recorded.get(key) != identity[key])
+            raise FeatureCacheError(
+                f"{directory} holds a feature cache of other {', '.join(differing)}; give another data.feature_cache "
+                "directory or delete this one"
+            )
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda target: target.write_text(json.dumps(identity, indent=2) + "\n"))
+
+
+@torch.inference_mode()
+def _shard_features(
+    base: torch.nn.Module, rows: dict[str, Any], layers: Sequence[int], batch_size: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    columns = {name: torch.as_tensor(rows[name]) for name in _ROW_COLUMNS}
+    real = columns["attention_mask"].bool()
+    length = int(real.any(dim=0).nonzero().max()) + 1 if real.any() else 1
+    columns = {name: value[:, :length] for name, value in columns.items()}
+    hidden: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+    for start in range(0, len(columns["input_ids"]), batch_size):
+        ids = columns["input_ids"][start : start + batch_size].long().to(device)
+        mask = columns["attention_mask"][start : start + batch_size].long().to(device)
+        out = base(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1)
+        for layer in layers:
+            hidden[layer].append(out.hidden_states[layer].to(torch.bfloat16).cpu())
+    tensors = {
+        "input_ids": columns["input_ids"].to(torch.int32).contiguous(),
+        "attention_mask": columns["attention_mask"].to(torch.int8).contiguous(),
+        "loss_mask": columns["loss_mask"].to(torch.int8).contiguous(),
+    }
+    tensors.update({f"hidden.{layer}": torch.cat(parts).contiguous() for layer, parts in hidden.items()})
+    return tensors
+
+
+class CachedFeatures(torch.utils.data.Dataset):
+    """The rows of a feature cache: ``input_ids``, ``attention_mask``, ``loss_mask`` and ``hidden.<layer>``, each
+    cut to the row's real length (batch them with :func:`collate_padded`)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        index = self.directory / INDEX
+        if not index.is_file():
+            raise FeatureCacheError(f"{self.directory} is not a feature cache (no {INDEX})")
+        self.identity = json.loads(index.read_text())
+        self.rows_per_shard = int(self.identity["rows_per_shard"])
+        self.layers = [int(layer) for layer in self.identity["layers"]]
+        self._handles: dict[int, Any] = {}
+        missing = [
+            shard
+            for shard in range(math.ceil(len(self) / self.rows_per_shard))
+            if not _shard_path(self.directory, shard).is_file()
+        ]
+        if missing:
+            raise FeatureCacheError(f"{self.directory} misses {len(missing)} shards (first: {missing[0]}); rewrite it")
+
+    def __len__(self) -> int:
+        return int(self.identity["rows"])
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        shard, row = divmod(int(index), self.rows_per_shard)
+        handle = self._handles.get(shard)
+        if handle is None:
+            handle = self._handles[shard] = safe_open(str(_shard_path(self.directory, shard)), framework="pt")
+        mask = handle.get_slice("attention_mask")[row]
+        length = int(mask.nonzero().max()) + 1 if mask.any() else 1
+        item = {name: handle.get_slice(name)[row, :length] for name in _ROW_COLUMNS}
+        item.update({f"hidden.{layer}": handle.get_slice(f"hidden.{layer}")[row, :length] for layer in self.layers})
+        return item
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers open their own handles
+        return {**self.__dict__, "_handles": {}}
+
+
+def collate_padded(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Right-pad rows of different lengths to the longest one (masks 0, ids 0, features 0) and stack them."""
+    length = max(int(row["input_ids"].shape[0]) for row in rows)
+    batch = {}
+    for name in rows[0]:
+        parts = []
+        for row in rows:
+            value = row[name]
+            pad = length - value.shape[0]
+            if pad:
+                value = torch.cat([value, value.new_zeros((pad, *value.shape[1:]))])
+            parts.append(value)
+        batch[name] = torch.stack(parts)
+    return batch
+
+
+class CachedOutput:
+    """What the train steps read from a base forward, served from a cached batch: ``hidden_states[layer]`` for the
+    cached layers and ``logits``, computed on first use through the frozen lm_head from the final hidden state."""
+
+    def __init__(self, base: torch.nn.Module, batch: dict[str, torch.Tensor]) -> None:
+        self._base = base
+        self._final = int(base.config.num_hidden_layers)
+        self._hidden = {
+            int(name.split(".", 1)[1]): value for name, value in batch.items() if name.startswith("hidden.")
+        }
+        self._logits: torch.Tensor | None = None
+        self.hidden_states = _LayerView(self._hidden, self._final)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        if self._logits is None:
+            head = self._base.get_output_embeddings()
+            with torch.no_grad():
+                self._logits = head(self._hidden[self._final].to(head.weight.dtype))
+        return self._logits
+
+
+class _LayerView:
+    def __init__(self, hidden: dict[int, torch.Tensor], final: int) -> None:
+        self._hidden, self._final = hidden, final
+
+    def __getitem__(self, layer: int) -> torch.Tensor:
+        index = self._final + 1 + layer if layer < 0 else layer
+        if index not in self._hidden:
+            raise FeatureCacheError(
+                f"hidden_states[{layer}] is not in the feature cache (it holds layers {sorted(self._hidden)}); write "
+                "the cache with the layers these heads read"
+            )
+        return self._hidden[index].float()
+
+    def __len__(self) -> int:
+        return self._final + 1
+
+
+def base_output(base: torch.nn.Module, batch: dict[str, torch.Tensor], **kwargs: Any) -> Any:
+    """The base's output for a batch: from the feature cache when the batch carries cached hidden states, else one
+    forward of the base with ``output_hidden_states=True`` (``kwargs`` go to that forward)."""
+    if any(name.startswith("hidden.") for name in batch):
+        return CachedOutput(base, batch)
+    return base(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True, **kwargs
+    )

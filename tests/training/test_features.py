@@ -1,0 +1,121 @@
+"""The offline feature cache: what it stores equals the base's own forward, it resumes shard by shard, it refuses a
+cache of another base or data, and heads trained from it train as they do with the base in the loop."""
+
+from __future__ import annotations
+
+import datasets
+import pytest
+import torch
+from helpers import tiny_model, tiny_tokenizer
+
+from specheads.training.config import load_config
+from specheads.training.features import (
+    CachedFeatures,
+    CachedOutput,
+    FeatureCacheError,
+    base_output,
+    collate_padded,
+    rows_fingerprint,
+    write_feature_cache,
+)
+from specheads.training.trainer import train
+
+LAYERS = (1, 2, 3)
+
+
+def _rows(count: int = 10, length: int = 16, seed: int = 0) -> datasets.Dataset:
+    """Right-padded rows of different real lengths, as the data loader lays out chats."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for index in range(count):
+        real = 4 + (index * 5) % (length - 4)
+        ids = torch.randint(0, 64, (length,), generator=generator)
+        mask = (torch.arange(length) < real).to(torch.int8)
+        rows.append({"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "loss_mask": mask.tolist()})
+    return datasets.Dataset.from_list(rows).with_format("torch")
+
+
+def test_cached_rows_hold_the_base_forward_in_bf16_and_logits_come_from_the_lm_head(tmp_path) -> None:
+    base = tiny_model("llama", seed=1, layers=4)
+    rows = _rows()
+    write_feature_cache(base, rows, LAYERS, tmp_path, rows_fingerprint(rows), batch_size=3, rows_per_shard=4)
+    cache = CachedFeatures(tmp_path)
+    assert len(cache) == len(rows) and cache.layers == [1, 2, 3, 4]  # the final hidden state is always kept
+    batch = collate_padded([cache[index] for index in (7, 2, 9)])
+    reference = rows[[7, 2, 9]]
+    length = batch["input_ids"].shape[1]
+    assert length == int(reference["attention_mask"].sum(dim=1).max())
+    assert torch.equal(batch["attention_mask"].long(), reference["attention_mask"][:, :length].long())
+    real = batch["attention_mask"].bool()
+    assert torch.equal(batch["input_ids"][real].long(), reference["input_ids"][:, :length][real].long())
+    with torch.no_grad():
+        out = base(
+            input_ids=batch["input_ids"].long(),
+            attention_mask=batch["attention_mask"].long(),
+            output_hidden_states=True,
+        )
+    cached = base_output(base, batch)
+    assert isinstance(cached, CachedOutput)
+    for layer in (*LAYERS, -1):
+        assert torch.allclose(cached.hidden_states[layer][real], out.hidden_states[layer][real], rtol=2e-2, atol=2e-2)
+    assert torch.allclose(cached.logits[real], out.logits[real], rtol=5e-2, atol=5e-2)
+    with pytest.raises(FeatureCacheError, match="not in the feature cache"):
+        cached.hidden_states[0]
+
+
+def test_writing_resumes_shard_by_shard_and_refuses_another_base_or_data(tmp_path, monkeypatch) -> None:
+    base = tiny_model("llama", seed=1, layers=4)
+    rows = _rows()
+    fingerprint = rows_fingerprint(rows)
+    write_feature_cache(base, rows, LAYERS, tmp_path, fingerprint, rows_per_shard=4, progress=False)
+    (tmp_path / "shard-00001.safetensors").unlink()  # as if killed while writing it
+    calls = []
+    forward = base.forward
+    monkeypatch.setattr(base, "forward", lambda *a, **k: calls.append(k["input_ids"].shape[0]) or forward(*a, **k))
+    write_feature_cache(base, rows, LAYERS, tmp_path, fingerprint, batch_size=8, rows_per_shard=4, progress=False)
+    assert calls == [4]  # only the missing shard's four rows ran through the base
+    assert len(CachedFeatures(tmp_path)) == len(rows)
+    with pytest.raises(FeatureCacheError, match="data_fingerprint"):
+        write_feature_cache(base, _rows(seed=1), LAYERS, tmp_path, rows_fingerprint(_rows(seed=1)), rows_per_shard=4)
+    with pytest.raises(FeatureCacheError, match="base_fingerprint"):
+        write_feature_cache(
+            tiny_model("llama", seed=2, layers=4), rows, LAYERS, tmp_path, fingerprint, rows_per_shard=4
+        )
+    with pytest.raises(FeatureCacheError, match="layers"):
+        write_feature_cache(base, rows, (1, 3), tmp_path, fingerprint, rows_per_shard=4)
+
+
+@pytest.mark.parametrize("head_type", ["eagle", "medusa"])
+def test_heads_train_from_the_cache_as_with_the_base_in_the_loop(tmp_path, head_type) -> None:
+    tiny_model("llama", seed=1, layers=4).save_pretrained(tmp_path / "base")
+    tiny_tokenizer().save_pretrained(tmp_path / "base")
+    (tmp_path / "data.txt").write_text("def add(a, b):\n    return a + b\n\n\nclass Stack:\n    pass\n" * 30)
+    common = [
+        f"model.base={tmp_path / 'base'}",
+        f"data.paths=[{tmp_path / 'data.txt'}]",
+        "data.format=text",
+        "data.max_length=32",
+        f"heads.type={head_type}",
+        "train.batch_size=4",
+        "train.steps=8",
+        "train.lr=3e-3",
+        "output.save_every=0",
+        "log.every=1",
+        "log.tracker=none",
+    ]
+    if head_type == "eagle":
+        common += ["heads.version=3", "heads.ttt_steps=2"]
+    runs = {}
+    for name, extra in (("loop", []), ("cached", [f"data.feature_cache={tmp_path / 'features'}"])):
+        config = load_config(None, [*common, f"output.dir={tmp_path / name}"] + extra)
+        runs[name] = load_heads_state(train(config))
+    assert (tmp_path / "features" / "index.json").is_file()
+    for key, value in runs["loop"].items():  # bf16 features move the heads a little, never far
+        assert torch.allclose(runs["cached"][key], value, rtol=0.1, atol=0.05), key
+    assert any(not torch.equal(runs["cached"][key], value) for key, value in runs["loop"].items())
+
+
+def load_heads_state(path) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    from specheads.heads import load_heads
+
+    return load_heads(path).state_dict()
