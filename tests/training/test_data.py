@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import datasets
 import pytest
 from helpers import tiny_tokenizer
 
@@ -16,6 +17,14 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 EOS, PAD = 1, 0
+
+
+@pytest.fixture(autouse=True)
+def rows_cache(tmp_path_factory, monkeypatch):
+    """Cached rows go to a fresh folder per test, not to the user's datasets cache."""
+    folder = tmp_path_factory.mktemp("datasets-cache")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(folder))
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -262,23 +271,31 @@ def test_malformed_jsonl_line_names_file_and_line(tmp_path, tokenizer, line, mes
 
 
 @pytest.mark.parametrize(
-    ("record", "message"),
+    ("record", "cause"),
     [
-        ({"text": "no turns"}, r"chat\.jsonl:2: no 'conversations'"),
-        ({"conversations": [{"from": "robot", "value": "x"}]}, r"chat\.jsonl:2: turn 0 has role 'robot'"),
-        ({"conversations": [{"from": "human"}]}, r"chat\.jsonl:2: turn 0 needs a string 'value'"),
-        ({"conversations": ["hello"]}, r"chat\.jsonl:2: turn 0 must be an object"),
+        ({"text": "no turns"}, "1 without a 'conversations' list"),
+        ({"conversations": [{"from": "robot", "value": "x"}]}, "1 with an unknown role ('robot' x1)"),
+        ({"conversations": [{"from": "human"}]}, "1 with a non-string content"),
+        ({"conversations": ["hello"]}, "1 with a turn that is not an object"),
     ],
 )
-def test_malformed_sharegpt_record_names_file_and_line(tmp_path, chat_tokenizer, record, message):
+def test_defective_sharegpt_record_is_skipped_and_counted(tmp_path, chat_tokenizer, caplog, record, cause):
     write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION}, record])
-    with pytest.raises(DataError, match=message):
+    with caplog.at_level("WARNING", logger="specheads.training.data"):
+        rows = build_dataset(DataConfig(paths=[str(tmp_path)], format="sharegpt"), chat_tokenizer)
+    assert len(rows) == 1
+    assert f"sharegpt: 2 records read, 1 used; skipped: {cause}" in caplog.text
+
+
+def test_sharegpt_record_that_is_not_an_object_names_file_and_line(tmp_path, chat_tokenizer):
+    write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION}, ["a list"]])
+    with pytest.raises(DataError, match=r"chat\.jsonl:2: a record must be a JSON object"):
         build_dataset(DataConfig(paths=[str(tmp_path)], format="sharegpt"), chat_tokenizer)
 
 
-def test_malformed_sharegpt_json_list_names_the_record(tmp_path, chat_tokenizer):
-    write(tmp_path / "chat.json", json.dumps([{"conversations": CONVERSATION}, {"messages": []}]))
-    with pytest.raises(DataError, match=r"chat\.json: record 1: no 'conversations'"):
+def test_sharegpt_json_list_names_the_record(tmp_path, chat_tokenizer):
+    write(tmp_path / "chat.json", json.dumps([{"conversations": CONVERSATION}, "not a record"]))
+    with pytest.raises(DataError, match=r"chat\.json: record 1: a record must be a JSON object"):
         build_dataset(DataConfig(paths=[str(tmp_path)], format="sharegpt"), chat_tokenizer)
 
 
@@ -289,11 +306,11 @@ def test_tokenizer_without_chat_template(tmp_path, tokenizer):
 
 
 def test_template_error_names_the_record(tmp_path, chat_tokenizer):
-    strict = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}{% endif %}"
+    strict = "{% for m in messages %}{% if 'Bye' in m['content'] %}{{ raise_exception('no goodbyes') }}{% endif %}"
     strict += "{{ m['content'] }}{% endfor %}"
-    write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION}])
+    write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION[:3]}, {"conversations": CONVERSATION}])
     config = DataConfig(paths=[str(tmp_path)], format="sharegpt", chat_template=strict)
-    with pytest.raises(DataError, match=r"chat\.jsonl:1: the chat template failed .*no system"):
+    with pytest.raises(DataError, match=r"chat\.jsonl:2: the chat template failed .*no goodbyes"):
         build_dataset(config, chat_tokenizer)
 
 
