@@ -92,7 +92,8 @@ def write_feature_cache(
     final_layer = int(base.config.num_hidden_layers)
     layers = sorted({*(int(layer) for layer in layers), final_layer})
     identity = {**cache_identity(base, layers, data_fingerprint, len(dataset)), "rows_per_shard": rows_per_shard}
-    _check_or_write_index(directory, identity)
+    identity = _check_or_write_index(directory, identity)
+    layers = identity["layers"]
     shards = math.ceil(len(dataset) / rows_per_shard)
     todo = [shard for shard in range(shards) if not _shard_path(directory, shard).is_file()]
     device = base.get_output_embeddings().weight.device
@@ -116,19 +117,23 @@ def _shard_path(directory: Path, shard: int) -> Path:
     return directory / f"shard-{shard:05d}.safetensors"
 
 
-def _check_or_write_index(directory: Path, identity: dict[str, Any]) -> None:
+def _check_or_write_index(directory: Path, identity: dict[str, Any]) -> dict[str, Any]:
+    """The cache's identity: the recorded one when it matches (a cache of more layers serves fewer), else written."""
     path = directory / INDEX
     if path.is_file():
         recorded = json.loads(path.read_text())
+        if set(identity["layers"]) <= set(recorded.get("layers", [])):
+            identity = {**identity, "layers": recorded["layers"]}
         if recorded != identity:
             differing = sorted(key for key in identity if recorded.get(key) != identity[key])
             raise FeatureCacheError(
                 f"{directory} holds a feature cache of other {', '.join(differing)}; give another data.feature_cache "
                 "directory or delete this one"
             )
-        return
+        return identity
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda target: target.write_text(json.dumps(identity, indent=2) + "\n"))
+    return identity
 
 
 @torch.inference_mode()

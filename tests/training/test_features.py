@@ -81,8 +81,11 @@ def test_writing_resumes_shard_by_shard_and_refuses_another_base_or_data(tmp_pat
         write_feature_cache(
             tiny_model("llama", seed=2, layers=4), rows, LAYERS, tmp_path, fingerprint, rows_per_shard=4
         )
+    calls.clear()
+    write_feature_cache(base, rows, (1, 3), tmp_path, fingerprint, rows_per_shard=4)  # fewer layers: served as is
+    assert calls == []
     with pytest.raises(FeatureCacheError, match="layers"):
-        write_feature_cache(base, rows, (1, 3), tmp_path, fingerprint, rows_per_shard=4)
+        write_feature_cache(base, rows, (0, 3), tmp_path, fingerprint, rows_per_shard=4)
 
 
 @pytest.mark.parametrize("head_type", ["eagle", "medusa"])
