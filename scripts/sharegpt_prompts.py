@@ -1,0 +1,49 @@
+"""First user turns of the installed ShareGPT V3 file as a distill prompts file (JSONL ``id`` + ``conversations``).
+
+    python scripts/sharegpt_prompts.py --out data/sharegpt_prompts.jsonl [--max-prompt-tokens 256]
+
+The prompts of the shipped SmolLM2 heads' training data: ``specheads distill`` regenerates the answers with the base
+itself. Records are read with the training loader's rules (a truncated file yields its complete records; synonym
+roles, leading assistant turns and empty conversations are normalised or skipped with counts). A prompt longer than
+``--max-prompt-tokens`` tokens of the base's tokenizer is skipped: MT-Bench questions are short, and a long prompt
+costs the distillation as much as its answer. Ids are the records' own, made unique with ``#n`` where repeated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specheads.loading import load_tokenizer
+from specheads.training.data import read_sharegpt_conversations, sharegpt_path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--base", default="smollm2-135m", help="whose tokenizer measures prompt lengths")
+    parser.add_argument("--max-prompt-tokens", type=int, default=256)
+    args = parser.parse_args()
+    tokenizer = load_tokenizer(args.base)
+    seen: dict[str, int] = {}
+    written = skipped_long = 0
+    with Path(args.out).open("w", encoding="utf-8") as handle:
+        for record_id, messages in read_sharegpt_conversations(sharegpt_path()):
+            first = next((m["content"] for m in messages if m["role"] == "user"), None)
+            if not first or not first.strip():
+                continue
+            if len(tokenizer(first, add_special_tokens=False)["input_ids"]) > args.max_prompt_tokens:
+                skipped_long += 1
+                continue
+            count = seen.get(record_id, 0)
+            seen[record_id] = count + 1
+            unique = record_id if count == 0 else f"{record_id}#{count}"
+            line = {"id": unique, "conversations": [{"from": "human", "value": first}]}
+            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+            written += 1
+    print(f"wrote {written} prompts to {args.out}; {skipped_long} longer than {args.max_prompt_tokens} tokens skipped")
+
+
+if __name__ == "__main__":
+    main()
