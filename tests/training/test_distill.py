@@ -290,3 +290,42 @@ def test_corrupt_output_file_exits_2(setup, tmp_path, capsys, content, message) 
     assert run(root, out) == 2
     assert message in capsys.readouterr().err
     assert out.read_text() == content  # never rewritten
+
+
+def test_a_sigkilled_run_resumed_writes_the_uninterrupted_file(setup, tmp_path) -> None:
+    """A real kill (SIGKILL of the process mid-run, no handler runs), then the same command again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root, _, _ = setup
+    one_shot, killed = tmp_path / "one-shot.jsonl", tmp_path / "killed.jsonl"
+    assert run(root, one_shot, "--batch-size", "1") == 0
+    args = ["--base", str(root / "base"), "--prompts", str(root / "prompts.jsonl"), "--out", str(killed)]
+    args += ["--max-new-tokens", str(MAX_NEW), "--batch-size", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    code = (  # each batch takes 0.3 s more, so that the kill lands between records of a running job
+        "import sys, time\n"
+        "from specheads.training import distill\n"
+        "generate = distill._generate_batch\n"
+        "distill._generate_batch = lambda *a, **k: (time.sleep(0.3), generate(*a, **k))[1]\n"
+        "from specheads.cli import main\n"
+        "sys.exit(main(['distill', *sys.argv[1:]]))\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            if killed.is_file() and killed.read_text().count("\n") >= 2:
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, "distill finished before it could be killed"
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.wait(timeout=60)
+    written = killed.read_text().count("\n")
+    assert 2 <= written < len(PROMPTS)
+    assert run(root, killed, "--batch-size", "2") == 0
+    assert killed.read_bytes() == one_shot.read_bytes()
