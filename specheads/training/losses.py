@@ -163,6 +163,9 @@ def eagle_targets(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Targets of unrolled draft step ``step`` at positions ``t = 0 .. T - 2``.
 
+    Soft targets are whole ``[B, T - 1, Vd]`` distributions, for reference and small vocabularies: training scores
+    the same targets a chunk of positions at a time (:func:`eagle_loss`).
+
     Args:
         base_logits: ``[B, T, V]`` the base's logits over the same sequence (self-distillation targets).
         input_ids: ``[B, T]``.
@@ -244,6 +247,9 @@ def eagle_loss(
         input_ids, loss_mask: ``[B, T]``.
         draft_ids, corpus, vocab_size: as for :func:`eagle_targets`.
         top_k: also return the draft's top ids (draft vocabulary) at the counted positions.
+
+    Returns:
+        :class:`UnrolledLosses`; a step with no counted position adds 0.
     """
     batch, span = input_ids.shape[0], input_ids.shape[1] - 1
     masks, student_rows, targets, row_weights = [], [], [], []
@@ -296,8 +302,7 @@ def eagle1_loss(
         draft_hidden: ``[B, T - 1, H]`` step-0 draft outputs.
         features: ``[B, T, H]`` the base's features (the same kind the draft reads).
         mask: ``[B, T - 1]`` the counted positions (:func:`eagle_mask` with ``step=0``).
-        ce: the step-0 cross-entropy through the base's lm_head (:func:`eagle_step_loss` or
-            :func:`draft_cross_entropy`).
+        ce: the step-0 cross-entropy through the base's lm_head (:func:`eagle_loss` or :func:`draft_cross_entropy`).
     """
     if not bool(mask.any()):
         zero = draft_hidden.sum() * 0.0 + ce * 0.0
