@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import tiny_model
 from safetensors.torch import load_file
 from torch import nn
@@ -64,6 +65,20 @@ def test_eagle3_shapes(base) -> None:
     assert head.hidden_state_layers == tuple(default_layer_ids(4)) == (1, 2, 2)
     assert head.d2t.shape == (40,) and head.t2d.shape == (VOCAB,)
     assert EagleHead.from_base(base, version=3).lm_head.weight.shape == (VOCAB, HIDDEN)
+
+
+@pytest.mark.parametrize("kwargs", [dict(version=1), dict(version=3, draft_vocab_size=40, token_counts=_counts())])
+def test_the_projection_gives_the_logits_and_a_readout_replaces_them(base, kwargs: dict) -> None:
+    head = _perturbed(EagleHead.from_base(base, **kwargs))
+    tokens = torch.randint(2, VOCAB, (2, 7), generator=torch.Generator().manual_seed(4))
+    features = _features(base, head, tokens)
+    hidden = torch.randn(2, 3, HIDDEN)
+    torch.testing.assert_close(F.linear(*head.projection(hidden)), head.logits(hidden))
+    hiddens, logits = head(tokens, features, None, steps=2)
+    _, read = head(tokens, features, None, steps=2, readout=lambda step, *projection: (step, F.linear(*projection)))
+    assert [step for step, _ in read] == [0, 1]
+    for (_, got), expected in zip(read, logits, strict=True):
+        torch.testing.assert_close(got, expected)
 
 
 def test_default_layer_ids() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import tiny_model
 
 from specheads.heads import HeadCheckpointError, MedusaHeads, load_heads
@@ -23,6 +24,18 @@ def test_fresh_heads_reproduce_the_base_lm_head(base) -> None:
     expected = base.get_output_embeddings()(hidden)
     for head in range(3):
         torch.testing.assert_close(logits[head], expected)
+
+
+@pytest.mark.parametrize("share_lm_head", [False, True])
+def test_a_readout_gets_what_each_heads_projection_reads(base, share_lm_head: bool) -> None:
+    heads = MedusaHeads.from_base(base, num_heads=3, num_layers=1, share_lm_head=share_lm_head)
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.add_(0.1 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(2)))
+    hidden = torch.randn(2, 5, base.config.hidden_size)
+    projected = heads(hidden, readout=lambda index, states, weight, bias: (index, F.linear(states, weight, bias)))
+    assert [index for index, _ in projected] == [0, 1, 2]
+    torch.testing.assert_close(torch.stack([logits for _, logits in projected]), heads(hidden))
 
 
 def test_every_block_is_its_own_module(base) -> None:
