@@ -10,13 +10,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # the CLI imports this registry for its --help: torch loads only when a command needs it
+    import torch
 
 # What a head module's ``forward(..., readout=fn)`` calls instead of computing logits: ``fn(index, inputs, weight,
 # bias)`` with ``F.linear(inputs, weight, bias)`` the logits of head / draft step ``index``; its results are returned.
-Readout = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], Any]
+Readout = Callable[[int, "torch.Tensor", "torch.Tensor", "torch.Tensor | None"], Any]
 
 
 def _resolve(path: str) -> Any:

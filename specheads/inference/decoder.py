@@ -361,9 +361,9 @@ class SpecDecoder:
                 mask = None
             else:
                 mask = kv_cache.step_mask([0] * batch, [kv_cache.causal(n, device) for n in counts], width, device)
-            out = self._forward(
-                tokens[:, :width], cache, mask, torch.arange(width, device=device)[None].expand(batch, -1)
-            )
+            positions = torch.arange(width, device=device)[None].expand(batch, -1)
+            # Only the cache and the kept hidden states are read: no [B, T, V] logits over the whole prompt.
+            out = self._forward(tokens[:, :width], cache, mask, positions, logits_to_keep=1)
             kv_cache.advance(cache, counts)
             state.hidden_states = self._kept_hidden(out, None)
         state.hidden_counts = counts if state.hidden_states else []

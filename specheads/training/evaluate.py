@@ -11,6 +11,9 @@ from typing import Any
 
 import torch
 
+from specheads.loading import vocab_size
+from specheads.training.losses import projected_top_k
+
 RANKS = 10  # agreement is measured for the top-10 candidates of each head (tree calibration needs it per rank)
 
 
@@ -40,18 +43,21 @@ def head_agreement(
         input_ids = batch["input_ids"].long()
         out = base(input_ids=input_ids, attention_mask=batch["attention_mask"], output_hidden_states=True)
         base_choice = out.logits.argmax(dim=-1)  # [B, T]: the base's token for position t + 1
-        head_logits = heads(out.hidden_states[-1].to(next(heads.parameters()).dtype))  # [K, B, T, V]
-        num_heads, length = head_logits.shape[0], input_ids.shape[1]
+        ranks = min(RANKS, vocab_size(base))
+        # Each head's top-ranked ids, a chunk of positions at a time: no [K, B, T, V] logits.
+        hidden = out.hidden_states[-1].to(next(heads.parameters()).dtype)
+        tops = heads(hidden, readout=lambda _, states, weight, bias, k=ranks: projected_top_k(states, weight, bias, k))
+        num_heads, length = len(tops), input_ids.shape[1]
         if agree is None:
             agree, top5, correct, counts = (torch.zeros(num_heads, device=device) for _ in range(4))
-            by_rank = torch.zeros(num_heads, min(RANKS, head_logits.shape[-1]), device=device)
+            by_rank = torch.zeros(num_heads, ranks, device=device)
         for head in range(num_heads):
             shift = head + 2  # head k at position t predicts token t + 2 + k
             span = length - shift
             if span <= 0:
                 continue
             valid = batch["loss_mask"][:, shift:].bool() & batch["attention_mask"][:, shift:].bool()  # [B, span]
-            top = head_logits[head, :, :span].topk(min(RANKS, head_logits.shape[-1]), dim=-1).indices  # [B, span, R]
+            top = tops[head][:, :span]  # [B, span, R]
             wanted = base_choice[:, shift - 1 : length - 1]  # the base's own token at t + 2 + k
             agree[head] += ((top[..., 0] == wanted) & valid).sum()
             hits = (top == wanted[..., None]) & valid[..., None]  # [B, span, R]

@@ -408,9 +408,12 @@ def test_head_agreement_by_hand() -> None:
             super().__init__()
             self.dummy = torch.nn.Parameter(torch.zeros(1))
 
-        def forward(self, hidden):
+        def forward(self, hidden, readout=None):
             shifted = torch.cat([logits[:, 1:], logits[:, -1:]], dim=1)
-            return shifted[None]
+            if readout is None:
+                return shifted[None]
+            identity = torch.eye(shifted.shape[-1])  # F.linear(shifted, identity) == shifted
+            return [readout(0, shifted, identity, None)]
 
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
     result = head_agreement(base, ShiftedHeads(), [batch])
