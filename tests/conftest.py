@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
-import pytest
-import torch
-from transformers import PreTrainedModel
+# Before datasets is imported anywhere: tokenised-row caches of the tests go to a temporary folder, not the user's.
+if "HF_DATASETS_CACHE" not in os.environ:
+    os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="specheads-tests-datasets-")
+    atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], True)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import PreTrainedModel  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
