@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,9 @@ class Run:
     batches_seen: int = 0  # micro-batches consumed on each process (decides the epoch and the resume position)
     logging_step: bool = False  # this micro-batch's metrics are logged (head types skip costly metrics otherwise)
     stop_signal: int | None = None  # SIGINT/SIGTERM received: stop after the current optimizer step
+    tokens_seen: int = 0  # real (unpadded) tokens of every micro-batch of every process, up to the last checkpoint
+    targets_seen: int = 0  # of which training targets (loss_mask)
+    pending: list[int] = field(default_factory=lambda: [0, 0])  # this process's tokens / targets since then
 
 
 def train(config: RecipeConfig) -> Path:
@@ -385,7 +388,10 @@ def train_loop(run: Run) -> None:
             with accelerator.accumulate(*models):
                 metrics = _train_batch(run, batch)
             run.batches_seen += 1
-            tokens += int(batch["attention_mask"].sum()) * accelerator.num_processes
+            real = int(batch["attention_mask"].sum())
+            tokens += real * accelerator.num_processes
+            run.pending[0] += real
+            run.pending[1] += int((batch["loss_mask"] * batch["attention_mask"]).sum())
             if not accelerator.sync_gradients:
                 continue  # a signal waits for the end of the optimizer step: its micro-batches are not saved apart
             run.step += 1
@@ -477,10 +483,13 @@ def save_checkpoint(run: Run) -> Path:
     accelerator.wait_for_everyone()
     accelerator.save_state(str(temporary))
     checksums = heads_checksums(run)
+    _count_seen(run)
     if accelerator.is_main_process:
         state = {
             "step": run.step,
             "batches_seen": run.batches_seen,
+            "tokens_seen": run.tokens_seen,
+            "targets_seen": run.targets_seen,
             "scheduler": run.scheduler.state_dict(),
             "world_size": accelerator.num_processes,
             "heads_checksum_by_rank": checksums,
@@ -493,6 +502,16 @@ def save_checkpoint(run: Run) -> Path:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def _count_seen(run: Run) -> None:
+    """Add every process's tokens since the last checkpoint to the run's totals (collective: all ranks call it)."""
+    pending = torch.tensor(run.pending, dtype=torch.long, device=run.accelerator.device)
+    if run.accelerator.num_processes > 1:
+        pending = run.accelerator.reduce(pending, reduction="sum")
+    run.tokens_seen += int(pending[0])
+    run.targets_seen += int(pending[1])
+    run.pending = [0, 0]
 
 
 def _write_json(path: Path, value: Any, indent: int | None = 2) -> None:
@@ -530,6 +549,7 @@ def _resume(run: Run) -> None:
         )
     run.accelerator.load_state(str(checkpoint))
     run.step, run.batches_seen = state["step"], state["batches_seen"]
+    run.tokens_seen, run.targets_seen = state.get("tokens_seen", 0), state.get("targets_seen", 0)
     run.scheduler.load_state_dict(state["scheduler"])
     run.accelerator.print(f"resumed from {checkpoint} at step {run.step}")
 
@@ -604,6 +624,7 @@ def cleanup(run: Run) -> Path:
     accelerator.wait_for_everyone()
     target = run.output / HEADS
     checksums = heads_checksums(run)
+    _count_seen(run)
     if accelerator.is_main_process:
         heads = accelerator.unwrap_model(run.heads)
         heads.save_pretrained(target)
@@ -624,6 +645,8 @@ def cleanup(run: Run) -> Path:
         summary = {
             "step": run.step,
             "total_steps": run.total_steps,
+            "tokens_seen": run.tokens_seen,
+            "targets_seen": run.targets_seen,
             "world_size": accelerator.num_processes,
             "heads_checksum_by_rank": checksums,
         }

@@ -272,6 +272,10 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(workspace, tmp_path) 
     assert "resumed from" in resumed.stdout + resumed.stderr
     for name, value in _heads(reference).items():
         torch.testing.assert_close(_heads(out / "heads")[name], value, rtol=0, atol=1e-6)
+    # The tokens the heads saw survive the kill: counted up to each checkpoint, restored on resume.
+    seen = [json.loads((run / "final_state.json").read_text()) for run in (reference.parent, out)]
+    assert seen[0]["tokens_seen"] == seen[1]["tokens_seen"] == 40 * 4 * 32  # steps x batch x packed rows of 32
+    assert seen[0]["targets_seen"] == seen[1]["targets_seen"] > 0
 
 
 def test_ctrl_c_in_specheads_train_checkpoints_and_exits_130_without_a_traceback(workspace, tmp_path) -> None:
