@@ -126,18 +126,28 @@ def manifest() -> dict:
 @lru_cache(maxsize=1)
 def verify() -> None:
     """Check every shipped file against the manifest's sha256; raise :class:`MissingAssetsError` on a mismatch."""
-    files = manifest().get("files", {})
+    manifest()  # a missing manifest means the default model is not installed: say so
+    _verify_files(DEFAULT_DIR, REPRODUCE)
+
+
+@lru_cache(maxsize=8)
+def _verify_files(root: Path, reproduce: str) -> None:
+    """Every file ``root/manifest.json`` lists exists and matches its sha256."""
+    manifest_path = root / "manifest.json"
+    if not manifest_path.is_file():
+        raise MissingAssetsError(f"{manifest_path} is missing; reproduce it with: {reproduce}")
+    files = json.loads(manifest_path.read_text()).get("files", {})
     if not files:
-        raise MissingAssetsError("the default model's manifest lists no files")
+        raise MissingAssetsError(f"{manifest_path} lists no files")
     for relative, expected in files.items():
-        path = DEFAULT_DIR / relative
+        path = root / relative
         if not path.is_file():
-            raise MissingAssetsError(f"default model file {relative} is missing; reproduce it with: {REPRODUCE}")
+            raise MissingAssetsError(f"shipped file {path} is missing; reproduce it with: {reproduce}")
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != expected:
             raise MissingAssetsError(
-                f"default model file {relative} does not match its manifest hash (got {digest[:12]}, expected "
-                f"{expected[:12]}); reinstall specheads or reproduce the model with: {REPRODUCE}"
+                f"shipped file {path} does not match its manifest hash (got {digest[:12]}, expected "
+                f"{expected[:12]}); reinstall specheads or reproduce it with: {reproduce}"
             )
 
 
@@ -152,12 +162,14 @@ def prompts_path() -> Path:
 def shipped_heads(base: str) -> Path:
     """The folder of the EAGLE-3 heads shipped for ``base`` (``"default"`` or a named real base)."""
     if base in NAMED_BASES:
-        path = Path(__file__).resolve().parent / base / "eagle3"
+        root = Path(__file__).resolve().parent / base
+        path = root / "eagle3"
         if not (path / "config.json").is_file():
             raise MissingAssetsError(
                 f"no heads are shipped for {base!r} in this install ({path}); train them with "
                 f"`specheads train --config configs/{base}/eagle3.yaml` and pass heads=<output dir>/heads"
             )
+        _verify_files(root, f"python scripts/ship_named_heads.py {base} <run dir>")
         return path
     path = Path(resolve("default", role="eagle3"))
     if not (path / "config.json").is_file():

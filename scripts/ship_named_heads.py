@@ -1,0 +1,132 @@
+"""Ship trained EAGLE-3 heads for a named real base (``heads="default"`` with ``base="smollm2-135m"``).
+
+    specheads train --config configs/smollm2-135m/eagle3.yaml
+    specheads calibrate --config configs/smollm2-135m/eagle3.yaml --heads runs/smollm2-135m-eagle3/heads
+    python scripts/ship_named_heads.py smollm2-135m runs/smollm2-135m-eagle3 --training training.json
+
+Copies the head checkpoint of ``RUN/heads`` (config.json, the weights as bfloat16 safetensors, the calibrated
+tree.json, eval.json and recipe.json) into ``specheads/assets/<name>/eagle3/`` and writes
+``specheads/assets/<name>/manifest.json``: the base (package, file, sha256), the recipe and its data, the tokens the
+heads saw (from the run's checkpoint state), the held-out agreement, the calibration, the commands and the sha256 of
+every shipped file, checked whenever the heads are loaded. Refuses heads that do not load on the base and heads over
+20 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parents[1] / "specheads" / "assets"
+FILES = ("config.json", "model.safetensors", "tree.json", "eval.json", "recipe.json")
+MAX_HEADS_BYTES = 20 * 10**6
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", help="the named base, e.g. smollm2-135m")
+    parser.add_argument("run", type=Path, help="the training run's output.dir (its heads/ are shipped)")
+    parser.add_argument("--training", type=Path, help="JSON with further training facts to record (minutes, load)")
+    args = parser.parse_args(argv)
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from specheads import assets
+    from specheads.gguf import file_sha256
+    from specheads.heads import EagleHead, load_heads
+    from specheads.loading import load_causal_lm
+
+    heads_dir = args.run / "heads"
+    heads = load_heads(heads_dir, load_causal_lm(args.name))  # refuses heads made for another base
+    if not isinstance(heads, EagleHead) or heads.config.version != 3:
+        raise SystemExit(f"{heads_dir} holds no EAGLE-3 head")
+    missing = [name for name in FILES[:3] if not (heads_dir / name).is_file()]
+    if missing:
+        raise SystemExit(f"{heads_dir} lacks {missing}: train, then run specheads calibrate on it first")
+    target = ASSETS / args.name / "eagle3"
+    staging = target.with_name(".eagle3.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for name in FILES:
+        if name not in ("model.safetensors", "config.json") and (heads_dir / name).is_file():
+            shutil.copy2(heads_dir / name, staging / name)
+    config = json.loads((heads_dir / "config.json").read_text())
+    config["base_model"]["name_or_path"] = args.name  # not this machine's cache folder; the fingerprint binds
+    (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    weights = load_file(str(heads_dir / "model.safetensors"))
+    bf16 = {key: value.to(torch.bfloat16) if value.is_floating_point() else value for key, value in weights.items()}
+    save_file(bf16, str(staging / "model.safetensors"), metadata={"format": "pt"})
+    for path in staging.iterdir():
+        path.chmod(0o644)
+    size = sum(path.stat().st_size for path in staging.iterdir())
+    if size > MAX_HEADS_BYTES:
+        shutil.rmtree(staging)
+        raise SystemExit(f"the heads are {size / 1e6:.2f} MB, over the {MAX_HEADS_BYTES / 1e6:.0f} MB limit")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+
+    named = assets.NAMED_BASES[args.name]
+    gguf = assets.named_gguf(args.name)
+    recipe = json.loads((target / "recipe.json").read_text()) if (target / "recipe.json").is_file() else {}
+    evaluation = json.loads((target / "eval.json").read_text()) if (target / "eval.json").is_file() else {}
+    tree = json.loads((target / "tree.json").read_text())
+    manifest = {
+        "name": args.name,
+        "base": {"package": named.requirement, "file": named.filename, "sha256": file_sha256(gguf)},
+        "heads": {
+            "eagle3": {
+                "path": "eagle3",
+                "parameters": sum(p.numel() for p in heads.parameters()),
+                "dtype": "bfloat16",
+                "recipe": recipe,
+                "data": recipe.get("data", {}).get("paths"),
+                "training": _run_facts(args.run) | (json.loads(args.training.read_text()) if args.training else {}),
+                "heldout_agreement_with_base_greedy_by_depth": evaluation.get("agreement_with_base_greedy"),
+                "calibrated": {
+                    key: tree.get(key)
+                    for key in ("choices", "dynamic", "expected_tau", "plain_tokens_per_s", "best_speedup_over_plain")
+                }
+                | {"machine": tree.get("machine")},
+                "commands": [
+                    f"python scripts/sharegpt_prompts.py --out data/{args.name}/sharegpt_prompts.jsonl",
+                    f"specheads distill --base {args.name} --prompts data/{args.name}/sharegpt_prompts.jsonl "
+                    f"--out data/{args.name}/distilled.jsonl --max-new-tokens 192 --batch-size 32",
+                    f"specheads train --config configs/{args.name}/eagle3.yaml",
+                    f"specheads calibrate --config configs/{args.name}/eagle3.yaml --heads {args.run}/heads",
+                    f"python scripts/ship_named_heads.py {args.name} {args.run}",
+                ],
+            }
+        },
+    }
+    root = ASSETS / args.name
+    manifest["files"] = {
+        path.relative_to(root).as_posix(): sha256_file(path)
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.name != "manifest.json"
+    }
+    temporary = root / "manifest.json.tmp"
+    temporary.write_text(json.dumps(manifest, indent=2) + "\n")
+    temporary.replace(root / "manifest.json")
+    print(f"shipped {target} ({size / 1e6:.2f} MB)")
+    return 0
+
+
+def _run_facts(run: Path) -> dict:
+    """Steps and tokens from the run's last checkpoint state, when it recorded them."""
+    final = run / "final_state.json"
+    facts = json.loads(final.read_text()) if final.is_file() else {}
+    keys = ("step", "total_steps", "tokens_seen", "targets_seen", "world_size")
+    return {key: facts[key] for key in keys if key in facts}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
