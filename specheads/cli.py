@@ -783,10 +783,11 @@ def _export(args: argparse.Namespace) -> int:
     base = load_causal_lm(args.base) if args.base else None
     heads = load_heads(heads_dir, base)
     base_name = None
-    if args.base == "default":
-        from specheads import assets
+    from specheads import assets
+    from specheads.gguf import is_gguf
 
-        base_name = str(Path(assets.resolve("default")).resolve())
+    if args.base == "default" or args.base in assets.NAMED_BASES or (args.base and is_gguf(args.base)):
+        base_name = str(Path(assets.resolve(args.base)).resolve())  # the folder engines load (a GGUF's converted one)
     elif args.base and Path(args.base).is_dir():
         base_name = str(Path(args.base).resolve())
     result = export_heads(
