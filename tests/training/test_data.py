@@ -5,39 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import datasets
 import pytest
+from chat_helpers import CHATML
 from helpers import tiny_tokenizer
 
 from specheads.training.config import DataConfig
 from specheads.training.data import DataError, build_dataset
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 EOS, PAD = 1, 0
-
-
-@pytest.fixture(autouse=True)
-def rows_cache(tmp_path_factory, monkeypatch):
-    """Cached rows go to a fresh folder per test, not to the user's datasets cache."""
-    folder = tmp_path_factory.mktemp("datasets-cache")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(folder))
-    return folder
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def chat_tokenizer():
-    tokenizer = tiny_tokenizer()
-    tokenizer.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
-    tokenizer.chat_template = CHATML
-    return tokenizer
 
 
 def ids(tokenizer, text: str) -> list[int]:

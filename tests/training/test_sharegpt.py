@@ -8,40 +8,18 @@ import json
 import logging
 from pathlib import Path
 
-import datasets
 import pytest
-from helpers import tiny_tokenizer
 
 from specheads.training import data
 from specheads.training.config import DataConfig
 from specheads.training.data import DataError, build_dataset, read_sharegpt_conversations
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 NO_SYSTEM = (  # a template that refuses system turns, as some do
     "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system turns') }}{% endif %}"
     "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 LOGGER = "specheads.training.data"
-
-
-@pytest.fixture(autouse=True)
-def rows_cache(tmp_path_factory, monkeypatch):
-    """Cached rows go to a fresh folder per test, not to the user's datasets cache."""
-    folder = tmp_path_factory.mktemp("datasets-cache")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(folder))
-    return folder
-
-
-@pytest.fixture(scope="module")
-def chat_tokenizer():
-    tokenizer = tiny_tokenizer()
-    tokenizer.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
-    tokenizer.chat_template = CHATML
-    return tokenizer
 
 
 def turns(*pairs: tuple[str, object]) -> dict:
