@@ -1,4 +1,4 @@
-"""The design notes' numbers, measured on the embedded default model and on this machine (issue 10).
+"""The design notes' numbers, measured on the embedded default model and on this machine.
 
 Four claims, each checked with what it is about:
 

@@ -1,1 +1,1 @@
-"""Head training with Accelerate: arriving with issue 4."""
+"""Head training with Accelerate: recipes, data, losses, the trainer, the feature cache and distillation."""
