@@ -34,7 +34,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-FORMAT_CHOICES = ("eagle3", "speculators", "eagle", "medusa")
+FORMAT_CHOICES = ("eagle3", "speculators", "eagle", "medusa", "gguf")
 
 
 def _add_generate(subparsers: argparse._SubParsersAction) -> None:
@@ -734,12 +734,13 @@ def _add_export(subparsers: argparse._SubParsersAction) -> None:
         help="export heads to a serving engine's layout, or check an exported directory",
         description="Write heads in the layout a serving engine loads (eagle3: SGLang/vLLM LlamaForCausalLMEagle3; "
         "speculators: vLLM's speculators format; eagle: EAGLE-1 for SGLang/vLLM; medusa: TGI/TensorRT-LLM/"
-        "FasterDecoding), check it against every engine's loading rules and print how to serve it. With --check DIR, "
-        "only check DIR (exit code 1 when an engine would reject it or silently serve something else).",
+        "FasterDecoding; gguf: an EAGLE-3 draft file for llama.cpp), check it against every engine's loading rules "
+        "and print how to serve it. With --check DIR (or a .gguf file), only check it (exit code 1 when an engine "
+        "would reject it or silently serve something else).",
     )
     parser.add_argument("--heads", help="head checkpoint directory, or 'default' (the shipped EAGLE-3, --base default)")
     parser.add_argument("--format", choices=FORMAT_CHOICES, help="layout to write (or, with --check, to check as)")
-    parser.add_argument("--out", help="new or empty output directory (never overwritten)")
+    parser.add_argument("--out", help="new or empty output directory, or a new .gguf file for gguf (never overwritten)")
     parser.add_argument(
         "--base",
         help="the heads' base model: checks them against it, names it in the config and the "
@@ -754,7 +755,13 @@ def _add_export(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--num-speculative-tokens", type=positive_int, help="draft length written for vLLM")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default: the heads' dtype")
-    parser.add_argument("--check", metavar="DIR", help="check DIR against the engines' loading rules instead")
+    parser.add_argument(
+        "--target-gguf",
+        metavar="FILE",
+        help="gguf: the base's GGUF file llama.cpp serves; the draft copies its tokenizer and is checked against it "
+        "(default: the --base GGUF, else a vocabulary built from the base's tokenizer)",
+    )
+    parser.add_argument("--check", metavar="PATH", help="check PATH (a directory or a .gguf draft) instead")
     parser.set_defaults(handler=_export)
 
 
@@ -762,7 +769,13 @@ def _export(args: argparse.Namespace) -> int:
     from specheads.export import check_export, export_heads
 
     if args.check:
-        report = check_export(args.check, args.format)
+        if str(args.check).endswith(".gguf"):
+            from specheads.export.llamacpp import check_gguf_draft, read_target_gguf
+
+            target = read_target_gguf(args.target_gguf) if args.target_gguf else None
+            report = check_gguf_draft(args.check, target)
+        else:
+            report = check_export(args.check, args.format)
         print(report.render())
         for problem in report.all_problems():
             print(f"problem: {problem}", file=sys.stderr)
@@ -790,6 +803,12 @@ def _export(args: argparse.Namespace) -> int:
         base_name = str(Path(assets.resolve(args.base)).resolve())  # the folder engines load (a GGUF's converted one)
     elif args.base and Path(args.base).is_dir():
         base_name = str(Path(args.base).resolve())
+    target_gguf = args.target_gguf
+    if target_gguf is None and args.format == "gguf" and args.base:
+        if args.base in assets.NAMED_BASES:
+            target_gguf = str(assets.named_gguf(args.base))
+        elif is_gguf(args.base):
+            target_gguf = args.base
     result = export_heads(
         heads,
         args.out,
@@ -799,6 +818,7 @@ def _export(args: argparse.Namespace) -> int:
         engines=args.engines,
         num_speculative_tokens=args.num_speculative_tokens,
         dtype=args.dtype,
+        target_gguf=target_gguf,
     )
     if (heads_dir / ADAPTER_DIR).is_dir():
         result.notes.append(f"Medusa-2 heads: serve the base with the LoRA adapter in {heads_dir / ADAPTER_DIR} merged")

@@ -294,7 +294,24 @@ def _check_eagle3(config: dict[str, Any], tensors: dict[str, torch.Tensor], repo
             )
         if _nonzero_bias(tensors, "fc.bias") and not config.get("bias"):
             sglang.problems.append("fc.bias is non-zero but config 'bias' is false: SGLang builds fc without it")
-    report.verdicts += [vllm, sglang, EngineVerdict("speculators", False, note="reads only the speculators format")]
+    report.verdicts += [
+        vllm,
+        sglang,
+        EngineVerdict("speculators", False, note="reads only the speculators format"),
+        _llamacpp_verdict(top_ids),
+    ]
+
+
+def _llamacpp_verdict(top_ids: Any) -> EngineVerdict:
+    """llama.cpp's converter reads the top-level ids (its default [2, L//2, L-3] when absent) and its EAGLE-3 graph
+    exactly three of them; heads with another count are simply not for llama.cpp."""
+    from specheads.export.llamacpp import NUM_TARGET_LAYERS, layer_id_problems
+
+    if isinstance(top_ids, list) and len(top_ids) != NUM_TARGET_LAYERS:
+        note = f"its EAGLE-3 graph reads exactly 3 feature layers, not {top_ids}"
+        return EngineVerdict("llama.cpp", False, note=note)
+    note = "convert with convert_hf_to_gguf.py --target-model-dir BASE, or write it with specheads export --format gguf"
+    return EngineVerdict("llama.cpp", True, layer_id_problems(top_ids, None), note=note)
 
 
 def _check_speculators(config: dict[str, Any], tensors: dict[str, torch.Tensor], report: CheckReport) -> None:
@@ -345,7 +362,12 @@ def _check_speculators(config: dict[str, Any], tensors: dict[str, torch.Tensor],
     speculators.problems += [
         f"unknown tensor {name}: speculators ignores it" for name in _unknown(tensors, known | {"t2d", "d2t"})
     ]
-    report.verdicts += [vllm, EngineVerdict("sglang", False, note="SGLang reads no speculators format"), speculators]
+    report.verdicts += [
+        vllm,
+        EngineVerdict("sglang", False, note="SGLang reads no speculators format"),
+        speculators,
+        _llamacpp_verdict(config.get("eagle_aux_hidden_state_layer_ids")),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- EAGLE-1

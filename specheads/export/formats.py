@@ -42,7 +42,7 @@ from specheads.heads.eagle import EagleConfig, EagleHead, default_layer_ids
 from specheads.heads.medusa import MedusaConfig, MedusaHeads
 from specheads.loading import vocab_size
 
-FORMATS = ("eagle3", "speculators", "eagle", "medusa")
+FORMATS = ("eagle3", "speculators", "eagle", "medusa", "gguf")
 METADATA_KEY = "specheads_base_model"  # safetensors metadata: specheads' record of the base (engines ignore it)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -76,13 +76,15 @@ def export_heads(
     engines: list[str] | None = None,
     num_speculative_tokens: int | None = None,
     dtype: str | torch.dtype | None = None,
+    target_gguf: str | Path | None = None,
 ) -> ExportResult:
     """Write ``heads`` to ``out`` in ``format`` and check the result against the engines that serve it.
 
     Args:
         heads: an :class:`EagleHead` or :class:`MedusaHeads` (checked against ``base_model`` when both are given).
         out: a new (or empty) directory.
-        format: ``eagle3`` | ``speculators`` | ``eagle`` | ``medusa``.
+        format: ``eagle3`` | ``speculators`` | ``eagle`` | ``medusa`` | ``gguf`` (an EAGLE-3 draft file for
+            llama.cpp; ``out`` is then a new ``.gguf`` file).
         base_model: the base the heads belong to. ``speculators`` needs it (it writes the base's ``embed_tokens``,
             which speculators never fills in itself); Medusa heads with a shared lm_head write per-head copies of it.
         base_name: the base's hub id or path written into the config and the serve commands (default: the base's
@@ -90,7 +92,10 @@ def export_heads(
         engines: the engines the export must serve (default: every engine the heads can serve in this format).
             Naming one that cannot serve the heads (vLLM with a non-zero EAGLE-1 fc bias) is an error.
         num_speculative_tokens: draft length written for vLLM (default: the calibrated depth, else 3).
-        dtype: ``float32`` | ``bfloat16`` | ``float16`` (default: the heads' own).
+        dtype: ``float32`` | ``bfloat16`` | ``float16`` (default: the heads' own; ``gguf``: float32, with norms
+            always float32 as llama.cpp's converter keeps them).
+        target_gguf: ``gguf`` only: the base's GGUF file llama.cpp serves, whose tokenizer the draft copies and whose
+            vocabulary and depth it is checked against (default: the vocabulary is built from the base's tokenizer).
 
     Raises:
         ValueError: unknown format, heads of the wrong type for it, a base the format needs is missing, ``out``
@@ -98,6 +103,8 @@ def export_heads(
     """
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; choose one of {list(FORMATS)}")
+    if format == "gguf":
+        return _export_gguf(heads, out, base_model, base_name, num_speculative_tokens, dtype, target_gguf)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out} exists and is not an empty directory; refusing to overwrite it (nothing was written)")
@@ -143,10 +150,40 @@ def export_heads(
     return ExportResult(out, format, report, commands, notes)
 
 
+def _export_gguf(heads, out, base, base_name, steps, dtype, target_gguf):  # noqa: ANN001, ANN202
+    from specheads.export import llamacpp
+
+    _check_heads(heads, "gguf", EagleHead, 3)
+    out = Path(out)
+    if out.suffix != ".gguf":
+        raise ValueError(f"the gguf format writes one file: --out must end in .gguf, got {out}")
+    if base is not None:
+        heads.attach_base(base)
+    dtype = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+    if target_gguf is not None:
+        target = llamacpp.read_target_gguf(target_gguf)
+    else:
+        folder = base_name or (getattr(base.config, "_name_or_path", "") if base is not None else "")
+        if not folder or not Path(folder).is_dir():
+            raise ValueError(
+                "the gguf format needs the target's tokenizer: pass the base's GGUF file (--target-gguf) or a base "
+                "folder with its tokenizer (--base)"
+            )
+        target = llamacpp.target_vocab_from_tokenizer(folder, heads.config.vocab_size)
+    steps = _speculative_tokens(heads, steps)
+    config, tensors, _, notes = _eagle3(heads, base, base_name or "", None, steps)
+    report = llamacpp.write_gguf_draft(config, tensors, out, target, dtype)
+    base_gguf = str(Path(target_gguf).resolve()) if target_gguf is not None else "<base.gguf>"
+    commands = {"llama.cpp": llamacpp.llama_server_command(base_gguf, str(out.resolve()), steps)}
+    notes = [n for n in notes if not n.startswith(("sglang", "vllm"))]
+    notes.append(f"tokenizer from {target.source}; llama.cpp drafts and verifies chains (draft length {steps})")
+    return ExportResult(out, "gguf", report, commands, notes)
+
+
 def _check_heads(heads: torch.nn.Module, format: str, kind: type, version: int | None = None) -> None:
     if not isinstance(heads, kind) or (version is not None and heads.config.version != version):
         have = f"EAGLE-{heads.config.version}" if isinstance(heads, EagleHead) else type(heads).__name__
-        want = {"eagle3": "EAGLE-3", "speculators": "EAGLE-3", "eagle": "EAGLE-1", "medusa": "Medusa"}[format]
+        want = {"eagle": "EAGLE-1", "medusa": "Medusa"}.get(format, "EAGLE-3")
         raise ValueError(f"the {format} format holds {want} heads; these are {have} heads")
 
 
@@ -196,6 +233,15 @@ def _sglang_tree(heads: EagleHead, steps: int) -> str:
 def _vllm_command(base: str, method: str, steps: int) -> str:
     spec = json.dumps({"method": method, "model": "{out}", "num_speculative_tokens": steps})
     return f"vllm serve {base or '<base>'} --speculative-config '{spec}'"
+
+
+def _llamacpp_command(base: str, steps: int) -> str:
+    """Convert with llama.cpp's own converter (or write the file directly: specheads export --format gguf), serve."""
+    return (
+        f"python convert_hf_to_gguf.py {{out}} --target-model-dir {base or '<base>'} --outfile draft.gguf "
+        f"(or specheads export --format gguf --out draft.gguf), then "
+        f"llama-server -m <base.gguf> -md draft.gguf --spec-type draft-eagle3 --spec-draft-n-max {steps}"
+    )
 
 
 def _engine_layer_order(head: EagleHead, format: str) -> tuple[list[int], dict[str, torch.Tensor]]:
@@ -251,6 +297,8 @@ def _eagle3(head, base, name, engines, steps):  # noqa: ANN001, ANN202 (one of f
     if "sglang" in serve:
         config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = sglang_layer_ids(ids)
     commands = {"vllm": _vllm_command(name, "eagle3", steps)}
+    if len(ids) == 3:
+        commands["llama.cpp"] = _llamacpp_command(name, steps)
     if "sglang" in serve:
         commands["sglang"] = (
             f"python -m sglang.launch_server --model-path {name or '<base>'} --speculative-algorithm EAGLE3 "
@@ -308,6 +356,8 @@ def _speculators(head, base, name, engines, steps):  # noqa: ANN001, ANN202
     tensors = rename(state, swap_prefix("midlayer.", "layers.0."))
     tensors["embed_tokens.weight"] = base.get_input_embeddings().weight
     commands = {"vllm": _vllm_command(name, "eagle3", steps)}
+    if len(ids) == 3:
+        commands["llama.cpp"] = _llamacpp_command(name, steps)
     notes = ["load in Python with speculators: SpeculatorModel.from_pretrained(out) (the verifier path must load)"]
     return config, tensors, commands, notes
 

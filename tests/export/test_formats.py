@@ -53,7 +53,7 @@ def test_eagle3_is_the_specforge_layout_with_ids_in_both_conventions(base, train
     assert config["eagle_aux_hidden_state_layer_ids"] == head.config.layer_ids == [2, 4, 5]  # vLLM: hidden_states
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # SGLang: output of layer id
     assert config["rope_parameters"]["rope_theta"] == config["rope_theta"]
-    assert result.report.engines == ["vllm", "sglang"]
+    assert result.report.engines == ["vllm", "sglang", "llama.cpp"]
     assert "--speculative-algorithm EAGLE3" in result.commands["sglang"]
     assert '"method": "eagle3"' in result.commands["vllm"] and "vllm serve org/base" in result.commands["vllm"]
 
@@ -81,7 +81,7 @@ def test_speculators_format(base, trained, tmp_path) -> None:
     assert {"embed_tokens.weight", "t2d", "d2t", "fc.weight", "norm.weight", "lm_head.weight"} <= set(tensors)
     assert all(not n.startswith("midlayer.") for n in tensors) and "layers.0.hidden_norm.weight" in tensors
     assert torch.equal(tensors["embed_tokens.weight"], base.get_input_embeddings().weight)
-    assert result.report.engines == ["vllm", "speculators"]
+    assert result.report.engines == ["vllm", "speculators", "llama.cpp"]
 
 
 def test_eagle1_layout(base, trained, tmp_path) -> None:

