@@ -37,33 +37,15 @@ import torch
 
 from specheads import SpecDecoder, assets, load_heads
 from specheads.export import export_heads
-from specheads.export.llamacpp import compare_gguf
+from specheads.export.llamacpp import compare_gguf, converter_command
 from specheads.llama_server import LlamaServer
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.prompts import load_prompts, prompt_token_ids
 
-# Runs llama.cpp's unmodified converter; a byte-level BPE tokenizer whose hash the converter does not know (the
-# embedded default's) is declared gpt-2, the pre-tokenizer it is (the converter refuses unknown hashes).
-CONVERTER = """
-import runpy, sys
-src = sys.argv[1]
-sys.path[:0] = [src + "/gguf-py", src]
-sys.argv = [src + "/convert_hf_to_gguf.py"] + sys.argv[2:]
-import conversion.base as base
-known = base.TextModel.get_vocab_base_pre
-def pre(self, tokenizer):
-    try:
-        return known(self, tokenizer)
-    except NotImplementedError:
-        return "gpt-2"
-base.TextModel.get_vocab_base_pre = pre
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
 
 def convert(src: Path, args: list[str], log: Path) -> None:
     with open(log, "ab") as out:
-        done = subprocess.run([sys.executable, "-c", CONVERTER, str(src), *args], stdout=out, stderr=subprocess.STDOUT)
+        done = subprocess.run(converter_command(src, args), stdout=out, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         raise SystemExit(f"llama.cpp's converter failed ({done.returncode}); see {log}")
 

@@ -434,6 +434,15 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-chat-template", action="store_true", help="give plain prompts to the base as they are")
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: where the model loads)")
     parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: the idle cores)")
+    server = parser.add_argument_group(
+        "serving engine",
+        "generate through an OpenAI-compatible completions server instead of loading the base here (llama-server, "
+        "vLLM, SGLang); --base then only names the tokenizer, which renders and encodes the prompts",
+    )
+    server.add_argument("--server", metavar="URL", help="e.g. http://127.0.0.1:8080 (with or without /v1)")
+    server.add_argument("--server-model", help="the served model's id (default: the only one /v1/models lists)")
+    server.add_argument("--concurrency", type=positive_int, default=4, help="requests in flight (default 4)")
+    server.add_argument("--retries", type=int, default=5, help="retries per request on transient errors (default 5)")
     parser.set_defaults(handler=_distill)
 
 
@@ -449,6 +458,8 @@ def _distill(args: argparse.Namespace) -> int:
     speculate = args.heads is not None or args.draft_model is not None
     if not speculate and (args.tree is not None or args.num_speculative_tokens is not None):
         raise ValueError("--tree and --num-speculative-tokens need --heads or --draft-model")
+    if args.server is not None and (speculate or args.device is not None or args.top_k):
+        raise ValueError("--server generates on the server: --heads, --draft-model, --device and --top-k do not apply")
     tokenizer = load_tokenizer(args.base)
     prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
     check_unique_ids(prompts)
@@ -462,6 +473,20 @@ def _distill(args: argparse.Namespace) -> int:
     finished = read_finished(args.out)  # before loading the model: a bad --out fails fast
     if all(prompt.id in finished for prompt in prompts):
         print(f"{args.out} already holds all {len(prompts)} prompts; nothing to do")
+        return 0
+    if args.server is not None:
+        from specheads.training.distill_server import distill_server
+
+        result = distill_server(
+            args.server, tokenizer, prompts, args.out, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, top_p=args.top_p, seed=args.seed, concurrency=args.concurrency,
+            retries=args.retries, model=args.server_model, use_chat_template=not args.no_chat_template,
+        )  # fmt: skip
+        print(f"wrote {result.written} records to {args.out} ({len(prompts) - result.written} were already there)")
+        print(
+            f"{result.new_tokens} tokens in {result.generate_time_s:.2f}s: {result.tokens_per_s:.1f} tokens/s "
+            f"({args.concurrency} in flight)"
+        )
         return 0
     base = load_causal_lm(args.base, device=args.device)
     decoder = _distill_decoder(args, base, tokenizer) if speculate else None

@@ -563,3 +563,30 @@ def compare_gguf(first: str | Path, second: str | Path, ignore: tuple[str, ...] 
         elif bytes(np.asarray(a.data).tobytes()) != bytes(np.asarray(b.data).tobytes()):
             differences.append(f"tensor {name}: data differ")
     return differences
+
+
+# Runs llama.cpp's unmodified converter from its source tree; a byte-level BPE tokenizer whose hash the converter does
+# not know (the embedded default's) is declared gpt-2, the pre-tokenizer it is (the converter refuses unknown hashes).
+_CONVERTER = """
+import runpy, sys
+src = sys.argv[1]
+sys.path[:0] = [src + "/gguf-py", src]
+sys.argv = [src + "/convert_hf_to_gguf.py"] + sys.argv[2:]
+import conversion.base as base
+known = base.TextModel.get_vocab_base_pre
+def pre(self, tokenizer):
+    try:
+        return known(self, tokenizer)
+    except NotImplementedError:
+        return "gpt-2"
+base.TextModel.get_vocab_base_pre = pre
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def converter_command(llama_cpp: str | Path, args: list[str]) -> list[str]:
+    """The command that runs ``convert_hf_to_gguf.py`` of the llama.cpp tree ``llama_cpp`` with ``args`` (with its
+    own ``gguf-py``; unknown byte-level BPE pre-tokenizers declared ``gpt-2``). Used to test against the converter."""
+    import sys
+
+    return [sys.executable, "-c", _CONVERTER, str(llama_cpp), *[str(a) for a in args]]
