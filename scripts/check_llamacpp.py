@@ -11,7 +11,7 @@ and BIN its ``llama-server``. The check:
    specheads' ``eagle3`` export;
 2. serves the base alone, the base with the draft, and the base with a deliberately wrong draft (the feature-layer
    ids dropped, so the converter falls back to its default layers; where that default is what the heads were trained
-   on, the ids are shifted by one, SGLang's convention written where vLLM's belongs), one prompt at a time at
+   on, the ids are listed in reverse, so fc reads its feature blocks in the wrong order), one prompt at a time at
    temperature 0 on 127.0.0.1;
 3. asserts (a) the speculative output equals llama.cpp's own greedy output on every prompt, (b) llama.cpp's draft
    acceptance over the prompts is within ``--tolerance`` of specheads' chain acceptance at the same draft length, and
@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,7 +39,7 @@ import torch
 from specheads import SpecDecoder, assets, load_heads
 from specheads.export import export_heads
 from specheads.export.llamacpp import compare_gguf, converter_command
-from specheads.llama_server import LlamaServer
+from specheads.llama_server import LlamaServer, free_port
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.prompts import load_prompts, prompt_token_ids
 
@@ -78,6 +79,68 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def check_distill(args, work: Path, base, tokenizer, base_gguf: Path, failures: list[str]) -> dict:  # noqa: ANN001
+    """distill --server against llama-server: 1 vs 4 requests in flight (4 slots), a server killed and restarted
+    mid-run (the client retries and the file has every record once, in order), and the local engine's records."""
+    from specheads.training.distill import distill
+    from specheads.training.distill_server import distill_server
+
+    source = str(assets.prompts_path()) if args.base == "default" else "mt-bench"
+    prompts = load_prompts(source, tokenizer, limit=args.distill_prompts)
+    new = args.distill_tokens
+    files = {name: work / f"distill-{name}.jsonl" for name in ("local", "c1", "c4", "killed")}
+    for path in files.values():
+        path.unlink(missing_ok=True)
+    distill(base, tokenizer, prompts, files["local"], max_new_tokens=new, batch_size=8, progress=False)
+    server = LlamaServer(args.server, base_gguf, threads=args.threads, log=work / "server.log", parallel=4,
+                         context=2048 * 4, port=free_port())  # fmt: skip
+    with server:
+        one = distill_server(server.url, tokenizer, prompts, files["c1"], new, concurrency=1, progress=False)
+        four = distill_server(server.url, tokenizer, prompts, files["c4"], new, concurrency=4, progress=False)
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["result"] = distill_server(server.url, tokenizer, prompts, files["killed"], new,
+                                                   concurrency=4, retries=8, progress=False)  # fmt: skip
+            except Exception as error:  # reported below
+                outcome["error"] = error
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        while worker.is_alive() and _lines(files["killed"]) < len(prompts) // 3:
+            time.sleep(0.05)
+        killed_at = _lines(files["killed"])
+        server.kill()
+        time.sleep(1.0)
+        server.start()
+        worker.join()
+    records = {name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in files.items()}
+    ids = [p.id for p in prompts]
+    if "error" in outcome:
+        failures.append(f"distill --server did not survive the restart: {outcome['error']}")
+    if [r["id"] for r in records["killed"]] != ids:
+        failures.append("distill --server after a restart: records missing, repeated or out of order")
+
+    def same(a: str, b: str) -> str:
+        equal = sum(x["response"] == y["response"] for x, y in zip(records[a], records[b], strict=False))
+        return f"{equal}/{len(ids)}"
+
+    ratio = four.tokens_per_s / one.tokens_per_s if one.tokens_per_s else 0.0
+    result = {
+        "prompts": len(ids), "max_new_tokens": new, "killed_after_records": killed_at,
+        "tokens_per_s_1": round(one.tokens_per_s, 1), "tokens_per_s_4": round(four.tokens_per_s, 1),
+        "speedup_4_over_1": round(ratio, 2), "restart_equals_uninterrupted": same("killed", "c4"),
+        "c4_equals_c1": same("c4", "c1"), "server_equals_local": same("c1", "local"),
+    }  # fmt: skip
+    print(f"distill --server: {json.dumps(result)}", flush=True)
+    return result
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_bytes().splitlines()) if path.exists() else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--llama-cpp", type=Path, required=True, help="the llama.cpp source tree (its converter)")
@@ -91,6 +154,10 @@ def main() -> int:
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--out", type=Path, help="folder for the GGUF files, logs and summary (default: temporary)")
+    parser.add_argument(
+        "--distill-prompts", type=int, default=24, help="prompts for the distill --server check (0: skip)"
+    )
+    parser.add_argument("--distill-tokens", type=int, default=64, help="max new tokens per distilled record")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     work = args.out or Path(tempfile.mkdtemp(prefix="specheads-llamacpp-"))
@@ -140,9 +207,12 @@ def main() -> int:
         wrong_dir.mkdir()
         config = json.loads((eagle3 / "config.json").read_text())
         (wrong_dir / "model.safetensors").write_bytes((eagle3 / "model.safetensors").read_bytes())
-        if sorted(ids) == fallback:
-            config["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in sorted(ids)]
-            summary["wrong_export"] = f"layer ids {config['eagle_aux_hidden_state_layer_ids']} (SGLang's, off by one)"
+        if sorted(ids) == fallback:  # dropping them would change nothing: list them in the wrong order instead
+            config["eagle_aux_hidden_state_layer_ids"] = sorted(ids, reverse=True)
+            summary["wrong_export"] = (
+                f"layer ids {sorted(ids, reverse=True)}: the converter's default for dropped ids is what the heads "
+                "were trained on, so the ids are reversed instead (fc reads its feature blocks in the wrong order)"
+            )
         else:
             del config["eagle_aux_hidden_state_layer_ids"]
             summary["wrong_export"] = f"layer ids dropped (converter default {fallback}, trained on {sorted(ids)})"
@@ -206,6 +276,8 @@ def main() -> int:
         failures.append(f"acceptance {lcpp_rate:.3f} in llama.cpp vs {ours_rate:.3f} in specheads")
     if abs(wrong_rate - ours_rate) <= args.tolerance:
         failures.append(f"the wrong export ({summary['wrong_export']}) was not detected: {wrong_rate:.3f}")
+    if args.distill_prompts:
+        summary["distill"] = check_distill(args, work, base, tokenizer, base_gguf, failures)
     summary["failures"] = failures
     (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "per_prompt"}, indent=2))

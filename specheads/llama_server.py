@@ -61,8 +61,10 @@ class LlamaServer:
         args: further arguments (``-md draft.gguf --spec-type draft-eagle3 ...``).
         threads: ``-t`` (and ``-tb``; the draft's ``-td`` too when a draft is given).
         context: ``-c``.
-        log: file for the server's output (default: next to nothing, ``os.devnull``).
+        log: file for the server's output (default: ``os.devnull``).
         startup_timeout: seconds to wait for ``/health``.
+        parallel: ``-np``, the slots decoded together (concurrent requests).
+        port: a fixed port (default: a free one at each start); a restarted server keeps it.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class LlamaServer:
         log: str | Path | None = None,
         startup_timeout: float = 180.0,
         parallel: int = 1,
+        port: int | None = None,
     ) -> None:
         self.binary = str(binary)
         self.model = str(model)
@@ -84,7 +87,8 @@ class LlamaServer:
         self.log = Path(log) if log else None
         self.startup_timeout = startup_timeout
         self.parallel = parallel
-        self.port = 0
+        self.port = port or 0
+        self.fixed_port = port is not None
         self.process: subprocess.Popen | None = None
 
     @property
@@ -103,7 +107,8 @@ class LlamaServer:
     def start(self) -> LlamaServer:
         if not Path(self.binary).is_file():
             raise LlamaServerError(f"no llama-server binary at {self.binary}")
-        self.port = free_port()
+        if not self.fixed_port:
+            self.port = free_port()
         out = open(self.log, "ab") if self.log else open(os.devnull, "wb")  # noqa: SIM115 (closed in stop)
         self._out = out
         self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -121,6 +126,13 @@ class LlamaServer:
             time.sleep(0.25)
         self.stop()
         raise LlamaServerError(f"llama-server did not answer /health within {self.startup_timeout:.0f} s")
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would (in-flight requests lose their connection)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.stop()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -1,0 +1,129 @@
+"""The speed llama.cpp users get: llama-server greedy against llama-server with specheads' EAGLE-3 draft.
+
+    python scripts/bench_llamacpp.py --server BIN --base smollm2-135m --draft-n 1 2 3 [--per-category 1] [--threads 1]
+
+Every configuration is served at once (one llama-server each, all on 127.0.0.1; an idle server uses no CPU) and the
+requests are interleaved: each prompt goes to every configuration in turn, the order rotating from prompt to prompt,
+so a change in machine load hits all of them alike. Prompts are MT-Bench questions, both turns: the second turn
+follows llama-server greedy's own first answer (the same for every configuration, as specheads bench does). Tokens/s
+are the server's own timings of the generated tokens (``predicted_per_second``: prompt processing excluded);
+acceptance is its ``draft_n_accepted / draft_n``. Every speculative output is checked against the greedy one.
+Prints a table (markdown) and writes ``--out`` JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from specheads import assets, load_heads
+from specheads.export import export_heads
+from specheads.llama_server import LlamaServer
+from specheads.loading import load_causal_lm, load_tokenizer
+from specheads.machine import measure_load
+from specheads.prompts import load_prompts, prompt_token_ids
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", type=Path, required=True, help="the llama-server binary")
+    parser.add_argument("--base", default="smollm2-135m", help="a named base (its GGUF is served)")
+    parser.add_argument("--heads", help="EAGLE-3 heads (default: the heads shipped for --base)")
+    parser.add_argument("--draft-n", type=int, nargs="+", default=[1, 2, 3], help="draft lengths to serve")
+    parser.add_argument("--per-category", type=int, default=1, help="MT-Bench questions per category")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument("--out", type=Path, help="JSON results")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="specheads-bench-llamacpp-"))
+    base = load_causal_lm(args.base)
+    tokenizer = load_tokenizer(args.base)
+    head = load_heads(args.heads or assets.shipped_heads(args.base), base)
+    base_gguf = assets.named_gguf(args.base)
+    draft = work / "draft.gguf"
+    export_heads(head, draft, "gguf", base_model=base, dtype=args.dtype, target_gguf=base_gguf)
+    del base
+    prompts = load_prompts("mt-bench", tokenizer, per_category=args.per_category)
+    load = measure_load(2.0)
+    start = time.time()
+    names = ["greedy"] + [f"eagle3-n{n}" for n in args.draft_n]
+    spec = ["--spec-type", "draft-eagle3", "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+    rows: dict[str, list[dict]] = {name: [] for name in names}
+    mismatches = []
+    with ExitStack() as stack:
+        servers = {"greedy": stack.enter_context(LlamaServer(args.server, base_gguf, threads=args.threads))}
+        for n in args.draft_n:
+            extra = ["-md", str(draft), *spec, "--spec-draft-n-max", str(n)]
+            servers[f"eagle3-n{n}"] = stack.enter_context(LlamaServer(args.server, base_gguf, extra, args.threads))
+        turn = 0
+        for prompt in prompts:
+            answers: list[str] = []
+            for _ in range(prompt.num_turns):
+                ids = prompt_token_ids(tokenizer, prompt, answers)
+                order = names[turn % len(names) :] + names[: turn % len(names)]
+                outputs = {name: servers[name].complete(ids, args.max_new_tokens) for name in order}
+                for name in names:
+                    done = outputs[name]
+                    rows[name].append({"id": prompt.id, "turn": len(answers) + 1, "category": prompt.category,
+                                       "tokens": len(done.tokens), "tokens_per_s": done.tokens_per_s,
+                                       "drafted": done.drafted, "accepted": done.accepted})  # fmt: skip
+                    if done.tokens != outputs["greedy"].tokens:
+                        mismatches.append(f"{name} {prompt.id} turn {len(answers) + 1}")
+                answers.append(tokenizer.decode(outputs["greedy"].tokens, skip_special_tokens=True))
+                turn += 1
+    after = measure_load(2.0)
+    greedy = rows["greedy"]
+
+    def summary(name: str) -> dict:
+        mine = rows[name]
+        tokens = sum(r["tokens"] for r in mine)
+        seconds = sum(r["tokens"] / r["tokens_per_s"] for r in mine if r["tokens_per_s"] > 0)
+        ratios = [r["tokens_per_s"] / g["tokens_per_s"] for r, g in zip(mine, greedy, strict=True) if g["tokens_per_s"]]
+        drafted, accepted = sum(r["drafted"] for r in mine), sum(r["accepted"] for r in mine)
+        return {"config": name, "tokens_per_s": tokens / seconds if seconds else 0.0,
+                "speedup_median": statistics.median(ratios), "acceptance": accepted / drafted if drafted else None,
+                "drafted": drafted, "accepted": accepted, "tokens": tokens}  # fmt: skip
+
+    table = [summary(name) for name in names]
+    base_speed = table[0]["tokens_per_s"]
+    print(f"\nllama-server, {args.base} ({base_gguf.name}), MT-Bench {len(prompts)} questions x both turns = "
+          f"{len(greedy)} requests, {args.max_new_tokens} new tokens max, T=0, {args.threads} thread(s); "
+          f"draft {args.dtype}; load of other processes before/after: {load.busy:.1f}/{after.busy:.1f} of "
+          f"{load.cores} cores; {time.time() - start:.0f} s")  # fmt: skip
+    print("\n| config | tokens/s | x greedy (total) | x greedy (median per request) | acceptance | drafted |")
+    print("|---|---|---|---|---|---|")
+    for row in table:
+        acc = f"{row['acceptance']:.3f}" if row["acceptance"] is not None else "-"
+        print(f"| {row['config']} | {row['tokens_per_s']:.1f} | {row['tokens_per_s'] / base_speed:.2f}x | "
+              f"{row['speedup_median']:.2f}x | {acc} | {row['drafted']} |")  # fmt: skip
+    print(
+        f"\nspeculative output equals greedy on {len(greedy) * len(args.draft_n) - len(mismatches)} of "
+        f"{len(greedy) * len(args.draft_n)} requests" + (f"; differs: {mismatches}" if mismatches else "")
+    )
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {
+                    "table": table,
+                    "rows": rows,
+                    "mismatches": mismatches,
+                    "load": [load.busy, after.busy],
+                    "threads": args.threads,
+                },
+                indent=2,
+            )
+        )
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())
