@@ -1,6 +1,6 @@
 """The speed llama.cpp users get: llama-server greedy against llama-server with specheads' EAGLE-3 draft.
 
-    python scripts/bench_llamacpp.py --server BIN --base smollm2-135m --draft-n 1 2 3 [--per-category 1] [--threads 1]
+    python scripts/bench_llamacpp.py --server BIN --base smollm2-135m --draft-n 1 2 3 --p-min 0 0.6 [--threads 1]
 
 Every configuration is served at once (one llama-server each, all on 127.0.0.1; an idle server uses no CPU) and the
 requests are interleaved: each prompt goes to every configuration in turn, the order rotating from prompt to prompt,
@@ -31,12 +31,35 @@ from specheads.machine import measure_load
 from specheads.prompts import load_prompts, prompt_token_ids
 
 
+def verify_curve(server: LlamaServer, prompt: list[int], sizes=(1, 2, 3, 4, 6, 8), repeats: int = 5) -> dict:  # noqa: ANN001
+    """llama.cpp's cost of one forward over q new tokens after a cached prefix (what verifying q tokens costs):
+    the median ``prompt_ms`` of ``prefix + q`` tokens with the prefix in the slot's cache."""
+    curve = {}
+    for q in sizes:
+        times = []
+        for r in range(repeats + 1):
+            extra = [(prompt[-1] + 7 * (r + i + 1)) % 1000 + 100 for i in range(q)]  # different each time: no reuse
+            server.complete(prompt, 1, cache_prompt=True)  # the prefix, cached
+            done = server.complete(prompt + extra, 1, cache_prompt=True)
+            if r and int(done.timings.get("prompt_n", -1)) == q:
+                times.append(float(done.timings["prompt_ms"]))
+        curve[q] = statistics.median(times) if times else None
+    return curve
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", type=Path, required=True, help="the llama-server binary")
     parser.add_argument("--base", default="smollm2-135m", help="a named base (its GGUF is served)")
     parser.add_argument("--heads", help="EAGLE-3 heads (default: the heads shipped for --base)")
     parser.add_argument("--draft-n", type=int, nargs="+", default=[1, 2, 3], help="draft lengths to serve")
+    parser.add_argument(
+        "--p-min",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="--spec-draft-p-min values: llama.cpp stops a draft at the first token below this probability",
+    )
     parser.add_argument("--per-category", type=int, default=1, help="MT-Bench questions per category")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
@@ -54,15 +77,16 @@ def main() -> int:
     prompts = load_prompts("mt-bench", tokenizer, per_category=args.per_category)
     load = measure_load(2.0)
     start = time.time()
-    names = ["greedy"] + [f"eagle3-n{n}" for n in args.draft_n]
-    spec = ["--spec-type", "draft-eagle3", "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+    configs = {f"eagle3-n{n}-p{p:g}": (n, p) for n in args.draft_n for p in args.p_min}
+    names = ["greedy", *configs]
+    spec = ["--spec-type", "draft-eagle3", "--spec-draft-n-min", "0"]
     rows: dict[str, list[dict]] = {name: [] for name in names}
     mismatches = []
     with ExitStack() as stack:
         servers = {"greedy": stack.enter_context(LlamaServer(args.server, base_gguf, threads=args.threads))}
-        for n in args.draft_n:
-            extra = ["-md", str(draft), *spec, "--spec-draft-n-max", str(n)]
-            servers[f"eagle3-n{n}"] = stack.enter_context(LlamaServer(args.server, base_gguf, extra, args.threads))
+        for name, (n, p) in configs.items():
+            extra = ["-md", str(draft), *spec, "--spec-draft-n-max", str(n), "--spec-draft-p-min", str(p)]
+            servers[name] = stack.enter_context(LlamaServer(args.server, base_gguf, extra, args.threads))
         turn = 0
         for prompt in prompts:
             answers: list[str] = []
@@ -79,6 +103,7 @@ def main() -> int:
                         mismatches.append(f"{name} {prompt.id} turn {len(answers) + 1}")
                 answers.append(tokenizer.decode(outputs["greedy"].tokens, skip_special_tokens=True))
                 turn += 1
+        curve = verify_curve(servers["greedy"], prompt_token_ids(tokenizer, prompts[0]))
     after = measure_load(2.0)
     greedy = rows["greedy"]
 
@@ -108,11 +133,18 @@ def main() -> int:
         f"\nspeculative output equals greedy on {len(greedy) * len(args.draft_n) - len(mismatches)} of "
         f"{len(greedy) * len(args.draft_n)} requests" + (f"; differs: {mismatches}" if mismatches else "")
     )
+    one = curve.get(1)
+    if one:
+        print(
+            "\nllama.cpp verify cost, t(q)/t(1) for q new tokens after a cached prefix: "
+            + ", ".join(f"t({q}) = {t:.1f} ms ({t / one:.2f}x)" for q, t in curve.items() if t is not None)
+        )
     if args.out:
         args.out.write_text(
             json.dumps(
                 {
                     "table": table,
+                    "verify_curve": curve,
                     "rows": rows,
                     "mismatches": mismatches,
                     "load": [load.busy, after.busy],

@@ -162,8 +162,11 @@ class LlamaServer:
         except urllib.error.HTTPError as error:
             raise LlamaServerError(f"{path} answered {error.code}: {error.read()[:500]!r}") from error
 
-    def complete(self, prompt: list[int], max_new_tokens: int, timeout: float = 600.0) -> Completion:
-        """Greedy completion of token ids (the server adds no BOS to an id prompt), timings included."""
+    def complete(
+        self, prompt: list[int], max_new_tokens: int, timeout: float = 600.0, cache_prompt: bool = False
+    ) -> Completion:
+        """Greedy completion of token ids (the server adds no BOS to an id prompt), timings included; with
+        ``cache_prompt`` the slot reuses the longest cached prefix of ``prompt``."""
         body = {
             "prompt": prompt,
             "n_predict": max_new_tokens,
@@ -171,7 +174,7 @@ class LlamaServer:
             "top_k": 1,
             "samplers": ["top_k"],
             "return_tokens": True,
-            "cache_prompt": False,
+            "cache_prompt": cache_prompt,
             "ignore_eos": False,
         }
         answer = self.post("/completion", body, timeout)
