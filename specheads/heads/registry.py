@@ -90,6 +90,15 @@ HEAD_TYPES: dict[str, HeadType] = {
         drafter="specheads.inference.eagle:EagleDrafter",
         bench_trees=("chain-3", "chain-5", "binary-7", "dynamic", "dynamic-4-5-16", "auto"),
     ),
+    "draft-lm": HeadType(
+        name="draft-lm",
+        module="specheads.heads.draft:DraftLM",
+        recipe="specheads.training.config:DraftHeadsConfig",
+        build="specheads.training.draft:build_heads",
+        train_step="specheads.training.draft:train_step",
+        evaluate="specheads.training.draft:draft_agreement",
+        drafter="specheads.heads.draft:draft_drafter",
+    ),
 }
 
 

@@ -45,6 +45,21 @@ MedusaHeadsConfig = HeadsConfig
 
 
 @dataclass
+class DraftHeadsConfig:
+    """The ``heads`` section of a distilled draft model (``type: draft-lm``): ``num_layers`` of the base's decoder
+    layers, initialised from its layers ``init_layers`` (default: evenly spaced), over its frozen embedding and
+    lm_head; trained with KL to the base's next-token distribution."""
+
+    type: str = "draft-lm"
+    num_layers: int = 2
+    init_layers: list[int] | None = None
+
+    def validate(self) -> None:
+        if self.num_layers <= 0:
+            raise ConfigError(f"heads.num_layers must be > 0, got {self.num_layers!r}")
+
+
+@dataclass
 class EagleHeadsConfig:
     """The ``heads`` section of an EAGLE recipe (``type: eagle``).
 
@@ -155,7 +170,7 @@ class OutputConfig:
 @dataclass
 class RecipeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
-    heads: HeadsConfig | EagleHeadsConfig = field(default_factory=HeadsConfig)  # the class follows heads.type
+    heads: HeadsConfig | EagleHeadsConfig | DraftHeadsConfig = field(default_factory=HeadsConfig)  # follows heads.type
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)

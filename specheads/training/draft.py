@@ -1,0 +1,68 @@
+"""The distilled draft model's part of the trainer: building it from the base, the KL loss, held-out agreement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specheads.heads.draft import DraftLM
+from specheads.training.features import base_output
+from specheads.training.losses import TeacherLogits, linear_cross_entropy, projected_top_k
+
+
+def build_heads(base: torch.nn.Module, section: Any, dataset: Any) -> DraftLM:
+    """A fresh fp32 draft with ``heads.num_layers`` of the base's layers (``heads.init_layers``)."""
+    return DraftLM.from_base(base, num_layers=section.num_layers, init_layers=section.init_layers).float()
+
+
+def _rows(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Flat indices of the positions t whose next token t + 1 is a target."""
+    wanted = torch.zeros_like(loss_mask, dtype=torch.bool)
+    wanted[:, :-1] = loss_mask[:, 1:].bool()
+    return wanted.flatten().nonzero().squeeze(-1)
+
+
+def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    """``KL(base || draft)`` of the next-token distributions at every target position, a chunk of rows at a time."""
+    with torch.no_grad():
+        out = base_output(run.base, batch, logits_to_keep=0)
+    draft = run.accelerator.unwrap_model(run.heads)
+    hidden = run.heads(batch["input_ids"], batch["attention_mask"]).float()  # [B, T, H]
+    rows = _rows(batch["loss_mask"])
+    teacher = TeacherLogits(out.logits.flatten(0, 1))
+    weight = draft.model.get_output_embeddings().weight
+    scored = linear_cross_entropy(
+        hidden.flatten(0, 1), weight.float(), TeacherLogits(teacher.logits, rows=rows), rows=rows, kl=True,
+        top_k=1 if run.logging_step else 0,
+    )  # fmt: skip
+    metrics = {"draft/kl": float(scored.loss.detach())}
+    if scored.top is not None and rows.numel():
+        wanted = out.logits.flatten(0, 1)[rows].argmax(dim=-1)
+        metrics["draft/agreement"] = float((scored.top[:, 0] == wanted).float().mean())
+    return scored.loss, metrics
+
+
+@torch.no_grad()
+def draft_agreement(
+    base: torch.nn.Module, heads: DraftLM, batches: Any, max_batches: int | None = None
+) -> dict[str, list[float] | int]:
+    """How often the draft's greedy token equals the base's at held-out target positions (depth 1: the draft reads
+    the true prefix), as ``agreement_with_base_greedy`` ``[1]`` with ``positions``."""
+    agree = count = 0
+    for index, batch in enumerate(batches):
+        if max_batches is not None and index >= max_batches:
+            break
+        device = base.get_output_embeddings().weight.device
+        batch = {key: value.to(device) for key, value in batch.items() if isinstance(value, torch.Tensor)}
+        input_ids = batch["input_ids"].long()
+        base_hidden = base(input_ids=input_ids, attention_mask=batch["attention_mask"], output_hidden_states=True)
+        rows = _rows(batch["loss_mask"])
+        lm_head = base.get_output_embeddings()
+        wanted = projected_top_k(base_hidden.hidden_states[-1].flatten(0, 1)[rows], lm_head.weight, lm_head.bias, 1)
+        hidden = heads(input_ids, batch["attention_mask"]).flatten(0, 1)[rows].to(lm_head.weight.dtype)
+        weight = heads.model.get_output_embeddings().weight.to(lm_head.weight.dtype)
+        drafted = projected_top_k(hidden, weight, None, 1)
+        agree += int((drafted == wanted).sum())
+        count += rows.numel()
+    return {"agreement_with_base_greedy": [agree / count if count else 0.0], "positions": [count]}
