@@ -3,8 +3,8 @@ T=0, so the comparison does not depend on machine load):
 
     python scripts/compare_heads.py --config configs/smollm2-135m/eagle3.yaml --heads A B --prompts 8
 
-For each checkpoint: per-depth agreement with the base's greedy token on the recipe's held-out split
-(``eagle_agreement``), and tau of chain-K decoding on the first turn of ``--prompts`` MT-Bench questions (round robin
+For each checkpoint (any head type): per-depth (Medusa: per-head) agreement with the base's greedy token on the
+recipe's held-out split (the head type's own evaluation), and tau of chain-K decoding on the first turn of ``--prompts`` MT-Bench questions (round robin
 over categories). Prints one markdown table.
 """
 
@@ -17,11 +17,11 @@ import os
 import torch
 
 from specheads import SpecDecoder, load_heads
+from specheads.heads.registry import head_type_of
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.prompts import load_prompts, prompt_token_ids
 from specheads.training.config import load_config
 from specheads.training.data import build_dataset
-from specheads.training.eagle import eagle_agreement
 from specheads.training.trainer import collate_trimmed, expand_data_paths
 
 
@@ -46,7 +46,7 @@ def main() -> None:
     for path in args.heads:
         head = load_heads(path, base)
         with torch.no_grad():
-            agreement = eagle_agreement(base, head, loader, max_batches=args.eval_batches)
+            agreement = head_type_of(head).evaluate_fn()(base, head, loader, max_batches=args.eval_batches)
         decoder = SpecDecoder.from_pretrained(base, heads=head, tokenizer=tokenizer)
         steps = tokens = accepted = drafted = 0
         for ids in prompts:
