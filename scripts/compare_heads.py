@@ -4,8 +4,8 @@ T=0, so the comparison does not depend on machine load):
     python scripts/compare_heads.py --config configs/smollm2-135m/eagle3.yaml --heads A B --prompts 8
 
 For each checkpoint (any head type): per-depth (Medusa: per-head) agreement with the base's greedy token on the
-recipe's held-out split (the head type's own evaluation), and tau of chain-K decoding on the first turn of ``--prompts`` MT-Bench questions (round robin
-over categories). Prints one markdown table.
+recipe's held-out split (the head type's own evaluation), and tau of chain-K decoding on the first turn of
+``--prompts`` MT-Bench questions (round robin over categories). Prints one markdown table.
 """
 
 from __future__ import annotations
