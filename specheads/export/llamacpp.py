@@ -290,7 +290,7 @@ def gguf_tensors(config: dict[str, Any], tensors: dict[str, torch.Tensor], dtype
     return out
 
 
-def draft_keys(config: dict[str, Any], target: TargetVocab, dtype: str) -> list[tuple[str, Any, Any, Any]]:
+def draft_keys(config: dict[str, Any], dtype: str) -> list[tuple[str, Any, Any, Any]]:
     """The draft's own hyper-parameter keys, as llama.cpp's converter writes them from the export's config."""
     gguf = _gguf()
     t = gguf.GGUFValueType
@@ -429,7 +429,7 @@ def write_gguf_draft(
     try:
         writer = gguf.GGUFWriter(staging, arch=ARCH)
         writer.add_name(name or out.stem)
-        for key, value, vtype, sub in draft_keys(config, target, dtype):
+        for key, value, vtype, sub in draft_keys(config, dtype):
             writer.add_key_value(key, value, vtype, sub_type=sub)
         for key, (value, vtype, sub) in target.fields.items():
             writer.add_key_value(key, value, vtype, sub_type=sub)

@@ -30,15 +30,15 @@ def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
     draft = run.accelerator.unwrap_model(run.heads)
     hidden = run.heads(batch["input_ids"], batch["attention_mask"]).float()  # [B, T, H]
     rows = _rows(batch["loss_mask"])
-    teacher = TeacherLogits(out.logits.flatten(0, 1))
+    teacher = out.logits.flatten(0, 1)  # [B * T, V]
     weight = draft.model.get_output_embeddings().weight
     scored = linear_cross_entropy(
-        hidden.flatten(0, 1), weight.float(), TeacherLogits(teacher.logits, rows=rows), rows=rows, kl=True,
+        hidden.flatten(0, 1), weight.float(), TeacherLogits(teacher, rows=rows), rows=rows, kl=True,
         top_k=1 if run.logging_step else 0,
     )  # fmt: skip
     metrics = {"draft/kl": float(scored.loss.detach())}
     if scored.top is not None and rows.numel():
-        wanted = out.logits.flatten(0, 1)[rows].argmax(dim=-1)
+        wanted = teacher[rows].argmax(dim=-1)
         metrics["draft/agreement"] = float((scored.top[:, 0] == wanted).float().mean())
     return scored.loss, metrics
 
