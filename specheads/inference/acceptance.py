@@ -40,10 +40,13 @@ class AcceptResult:
     Attributes:
         path: accepted node indices from the root's child downwards (the root itself excluded).
         next_token: the token the base contributes after the accepted path (bonus or correction).
+        accepted: the tokens of ``path`` when the rule read them on the host anyway (else None: the engine reads
+            them).
     """
 
     path: list[int]
     next_token: int
+    accepted: list[int] | None = None
 
 
 AcceptanceRule = Callable[
@@ -73,14 +76,31 @@ def greedy(
 
     This is exact-match verification as in Medusa's greedy mode and transformers' assisted generation.
     """
-    target = p_logits.argmax(dim=-1).tolist()
-    node_tokens = tokens.tolist()
+    return _greedy_walk(torch.stack((p_logits.argmax(dim=-1), tokens.to(p_logits.device))).tolist(), tree)
+
+
+def greedy_batch(p_logits: torch.Tensor, tokens: torch.Tensor, trees: list[TreeBuffers | None]) -> list[AcceptResult]:
+    """:func:`greedy` for every row of a batch at once, with one transfer to the host for the whole step.
+
+    Args:
+        p_logits: ``[B, W, V]`` target logits of every row's (padded) tree.
+        tokens: ``[B, W]`` node tokens (root first).
+        trees: each row's tree, or None for a row that drafted nothing (its next token is the argmax at its root).
+    """
+    host = torch.stack((p_logits[:, : tokens.shape[1]].argmax(dim=-1), tokens.to(p_logits.device))).tolist()
+    return [_greedy_walk(pair, tree) for *pair, tree in zip(host[0], host[1], trees, strict=True)]
+
+
+def _greedy_walk(pair: list[list[int]], tree: TreeBuffers | None) -> AcceptResult:
+    """The greedy path of one tree on the host: ``pair`` is (the base's argmax at each node, each node's token)."""
+    target, node_tokens = pair
     node, path = 0, []
+    children = () if tree is None else tree.children
     while True:
         wanted = target[node]
-        child = next((c for c in tree.children[node] if node_tokens[c] == wanted), None)
+        child = next((c for c in children[node] if node_tokens[c] == wanted), None) if children else None
         if child is None:
-            return AcceptResult(path, wanted)
+            return AcceptResult(path, wanted, [node_tokens[c] for c in path])
         path.append(child)
         node = child
 
@@ -128,6 +148,47 @@ def rejection(
             return AcceptResult(path, int(sample(residual, generator)))
         path.append(accepted_child)
         node = accepted_child
+
+
+def rejection_chain(
+    p_logits: torch.Tensor,
+    tokens: torch.Tensor,
+    tree: TreeBuffers,
+    q: torch.Tensor | None,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+    options: AcceptanceOptions,
+) -> AcceptResult:
+    """:func:`rejection` for a chain, on the device with one transfer to the host (as gpt-fast's speculative step).
+
+    Draft token x_j (node j) is accepted when ``u_j < p_{j-1}(x_j) / q_{j-1}(x_j)`` (q one-hot: ``p_{j-1}(x_j)``);
+    all ratios and uniforms are drawn at once and the first rejection is found on the device. The next token is
+    drawn from every node's residual at once (``norm(max(p - q, 0))``, or p with the draft token removed for a
+    one-hot draft; p itself after the leaf), and the host keeps the one at the first rejection: the other draws
+    are discarded, so the output distribution is exactly the sequential rule's.
+    """
+    if not tree.is_chain:
+        return rejection(p_logits, tokens, tree, q, sampling, generator, options)
+    count = tree.num_nodes
+    p = probabilities(p_logits, sampling)  # [N + 1, V]
+    drafts = tokens[1:, None]  # [N, 1]
+    p_x = p[:-1].gather(1, drafts)[:, 0]  # [N]
+    if q is None:
+        ratio = p_x
+        residual = p[:-1].scatter(1, drafts, 0.0)
+    else:
+        ratio = p_x / q.gather(1, drafts)[:, 0].clamp_min(1e-20)
+        residual = (p[:-1] - q).clamp_min(0.0)
+    total = residual.sum(dim=-1, keepdim=True)
+    # A residual of zero mass can only come from rounding (p == q); p itself is then the right fallback.
+    residual = torch.where(total > 0, residual / total.clamp_min(1e-30), p[:-1])
+    uniforms = torch.rand(count, generator=generator, device=p.device)
+    accepted = uniforms < ratio.clamp_max(1.0)
+    draws = sample(torch.cat([residual, p[-1:]]), generator)  # [N + 1]: the next token after each stop
+    host = torch.cat([accepted.long(), draws, tokens[1:].to(draws.device)]).tolist()
+    rejected = next((j for j in range(count) if not host[j]), count)
+    kept = host[2 * count + 1 : 2 * count + 1 + rejected]
+    return AcceptResult(list(range(1, rejected + 1)), host[count + rejected], kept)
 
 
 def typical(

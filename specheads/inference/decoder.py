@@ -22,7 +22,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.heads.registry import HEAD_TYPES, head_type_of
 from specheads.inference import kv_cache
-from specheads.inference.acceptance import ACCEPTANCE_RULES, AcceptanceOptions, resolve_rule
+from specheads.inference.acceptance import (
+    ACCEPTANCE_RULES,
+    AcceptanceOptions,
+    AcceptResult,
+    greedy_batch,
+    rejection_chain,
+    resolve_rule,
+)
 from specheads.inference.drafters import (
     Drafter,
     DraftModelDrafter,
@@ -31,7 +38,7 @@ from specheads.inference.drafters import (
 )
 from specheads.inference.sampling import SamplingParams, probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import DynamicTree, resolve_tree
+from specheads.inference.trees import DynamicTree, TreeBuffers, resolve_tree, tree_from_choices
 from specheads.loading import check_same_vocabulary, eos_token_ids, vocab_size
 from specheads.metrics import SpecStats
 from specheads.prompts import check_unicode, render_conversation
@@ -40,6 +47,7 @@ METHODS = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
 # One prompt of generate/stream: raw text, token ids, or a conversation of {"role", "content"} messages.
 PromptInput = str | Sequence[int] | torch.Tensor | Sequence[Mapping[str, str]]
 DYNAMIC_TREE_KWARGS = {"tree_top_k": "top_k", "depth": "depth", "total_tokens": "total_tokens"}
+_ROOT_ONLY = tree_from_choices(())  # the "tree" of a row that drafted nothing: its root alone
 
 
 @dataclass
@@ -82,6 +90,27 @@ class BatchOutput(list):
         self.stats = stats
 
 
+@dataclass
+class _StepInputs:
+    """One verify forward's inputs for the active rows (see :meth:`SpecDecoder._pack`).
+
+    Attributes:
+        trees: each row's tree (None: the row drafted nothing and feeds its root alone).
+        cached: each row's committed slots in the base cache before the step.
+        tokens: ``[B, W]`` each row's root then its tree's tokens, padded.
+        positions: ``[B, W]`` position ids (cached length + node depth).
+        mask: ``[B, 1, W, max(cached) + W]`` tree attention, or None (one row, a chain: the causal mask).
+        draft_probs: each row's ``[N, V]`` draft distributions, or None (deterministic drafts).
+    """
+
+    trees: list[TreeBuffers | None]
+    cached: list[int]
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor | None
+    draft_probs: list[torch.Tensor | None]
+
+
 @dataclass(frozen=True)
 class _Settings:
     """Validated arguments of one generate call."""
@@ -102,6 +131,9 @@ class SpecDecoder:
         base_model: any ``AutoModelForCausalLM`` whose forward accepts a 4D attention mask and position ids.
         drafter: a :class:`~specheads.inference.drafters.Drafter`; None decodes plainly through the engine.
         tokenizer: used to encode string prompts and decode outputs.
+        profile: on a GPU, synchronise after each step's drafting so that the statistics' draft / verify split is
+            exact. Off by default: a synchronisation per step stops the host running ahead of the device, and
+            without it the split counts the host's time (on a CPU both are the same).
     """
 
     def __init__(
@@ -109,8 +141,10 @@ class SpecDecoder:
         base_model: PreTrainedModel,
         drafter: Drafter | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
+        profile: bool = False,
     ) -> None:
         self.model = base_model.eval()
+        self.profile = profile
         self.drafter = drafter if drafter is not None else NoDrafter()
         self.tokenizer = tokenizer
         if isinstance(self.drafter, DraftModelDrafter):
@@ -296,13 +330,12 @@ class SpecDecoder:
                 generator=state.generators[state.rows[0]],
             )
             tick = time.perf_counter()
-            proposals = _per_row(self.drafter.propose(state, request), state.batch_size)
-            proposals = [_truncated(p, limit) for p, limit in zip(proposals, limits, strict=True)]
-            if state.tokens.device.type == "cuda":  # queued draft kernels belong to the draft time, not the verify's
+            proposals = _for_rows(self.drafter.propose(state, request), limits, state.batch_size)
+            if self.profile and state.tokens.device.type == "cuda":  # queued draft kernels count as draft time
                 torch.cuda.synchronize(state.tokens.device)
             tock = time.perf_counter()
             active = list(state.rows)
-            emitted = self._verify_accept_commit(state, proposals, settings, max_length)
+            emitted = self._step(state, proposals, settings, max_length)
             tack = time.perf_counter()
             state.batch_draft_time_s += tock - tick
             state.batch_verify_time_s += tack - tock
@@ -352,6 +385,7 @@ class SpecDecoder:
             tokens[row, : lengths[row]] = ids[0]
         cache = kv_cache.new_cache(batch, capacity, device)
         state = DecodeState(tokens, list(lengths), list(lengths), cache)
+        state.host_tokens = [ids[0].tolist() for ids in prompts]
         seeds = settings.seed if isinstance(settings.seed, list) else [settings.seed] * batch
         state.generators = [self._generator(settings, seed) for seed in seeds]
         counts = [length - 1 for length in lengths]
@@ -376,58 +410,111 @@ class SpecDecoder:
             return int(getattr(self.drafter, "max_nodes", lambda request: 64)(settings.request))
         return tree.total_tokens if isinstance(tree, DynamicTree) else tree.num_nodes
 
-    def _verify_accept_commit(
+    def _step(
         self,
         state: DecodeState,
-        proposals: list[Proposal | None],
+        proposals: list[Proposal | None] | Proposal,
         settings: _Settings,
         max_length: int | None,
     ) -> dict[int, list[int]]:
-        """One step for every active row: verify all proposals with one base forward, accept, commit.
+        """One step for every active row: pack, verify with one base forward, accept, commit.
 
         Returns the tokens each row emitted (by row).
         """
+        step = self._pack(state, proposals)
+        out = self._forward(step.tokens, state.cache, step.mask, step.positions)
+        results = self._accept(state, step, out.logits, settings)
+        return self._commit(state, step, out, results, settings, max_length)
+
+    def _pack(self, state: DecodeState, proposals: list[Proposal | None] | Proposal) -> _StepInputs:
+        """Every active row's root and tree in one ``[B, W]`` input, its positions and its 4D mask.
+
+        The host knows the roots, lengths and tree shapes; they go to the device in one copy, and the mask is built
+        there by broadcasting (:func:`kv_cache.tree_step_mask`).
+        """
         rows, device = state.rows, state.tokens.device
         cached = [state.lengths[row] - 1 for row in rows]  # slots in the base cache; the root is fed now
-        trees = [None if p is None or p.tokens.shape[1] == 0 else p.tree for p in proposals]
-        sizes = [1 if tree is None else tree.num_nodes + 1 for tree in trees]
-        width = max(sizes)
-        node_tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-        position_ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-        for i, (row, tree, proposal) in enumerate(zip(rows, trees, proposals, strict=True)):
-            node_tokens[i, 0] = state.tokens[row, cached[i]]
-            position_ids[i] = cached[i] + torch.arange(width, device=device)  # padding: harmless, never read
-            if tree is not None:
-                node_tokens[i, 1 : sizes[i]] = proposal.tokens[0].to(device)
-                position_ids[i, : sizes[i]] = cached[i] + tree.depths.to(device)
-        if len(rows) == 1:  # one row: a chain needs no mask, the model's causal one is the same
-            mask = (
-                None
-                if trees[0] is None or trees[0].is_chain
-                else _tree_mask(trees[0].attention_mask, cached[0], device)
-            )
+        meta = torch.tensor([[state.host_tokens[row][-1] for row in rows], cached], dtype=torch.long).to(device)
+        roots, lengths = meta[0], meta[1]
+        if isinstance(proposals, Proposal):  # one tree for every row: no per-row work at all
+            tree = proposals.tree
+            trees: list[TreeBuffers | None] = [tree] * len(rows)
+            buffers = tree.on(device)
+            tokens = torch.cat([roots[:, None], proposals.tokens.to(device)], dim=1)
+            positions = lengths[:, None] + buffers.depths[None]
+            probs = proposals.draft_probs
+            draft_probs = [None if probs is None else probs[i] for i in range(len(rows))]
+            block = None if tree.is_chain else buffers.attention_mask[None]
         else:
-            inner = [torch.ones(1, 1, dtype=torch.bool) if t is None else t.attention_mask for t in trees]
-            mask = kv_cache.step_mask(cached, inner, width, device)
-        out = self._forward(node_tokens, state.cache, mask, position_ids)
-        keeps, emitted_by_row = [], {}
-        for i, (row, tree, proposal) in enumerate(zip(rows, trees, proposals, strict=True)):
-            logits = out.logits[i, : sizes[i]]  # [N + 1, V]
+            trees = [None if p is None or p.tokens.shape[1] == 0 else p.tree for p in proposals]
+            width = max(1 if tree is None else tree.num_nodes + 1 for tree in trees)
+            tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+            tokens[:, 0] = roots
+            for i, (tree, proposal) in enumerate(zip(trees, proposals, strict=True)):
+                if tree is not None:
+                    tokens[i, 1 : tree.num_nodes + 1] = proposal.tokens[0]
+            shapes = [(_ROOT_ONLY if tree is None else tree).on(device, width) for tree in trees]
+            positions = lengths[:, None] + torch.stack([shape.depths for shape in shapes])
+            draft_probs = [None if p is None or p.draft_probs is None else p.draft_probs[0] for p in proposals]
+            chains = all(tree is None or tree.is_chain for tree in trees) and len(rows) == 1
+            block = None if chains else torch.stack([shape.attention_mask for shape in shapes])
+        if len(rows) == 1 and block is None:
+            mask = None  # one row and a chain: the model's own causal mask over the cache is the same
+        else:
+            if block is None:
+                block = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool, device=device).tril()[None]
+            mask = kv_cache.tree_step_mask(lengths, max(cached), block)
+        return _StepInputs(trees, cached, tokens, positions, mask, draft_probs)
+
+    def _accept(
+        self, state: DecodeState, step: _StepInputs, logits: torch.Tensor, settings: _Settings
+    ) -> list[AcceptResult]:
+        """Each row's accepted path and next token. Greedy rows read one ``[2, B, W]`` transfer for the batch."""
+        if settings.rule == "greedy" or (settings.sampling.greedy and settings.rule == "typical"):
+            return greedy_batch(logits, step.tokens, step.trees)
+        results = []
+        for i, (row, tree) in enumerate(zip(state.rows, step.trees, strict=True)):
+            size = 1 if tree is None else tree.num_nodes + 1
             generator = state.generators[row]
             if tree is None:
-                path, next_token = [], self._first_token(logits[0], settings, generator)
-            else:
-                q = None if proposal.draft_probs is None else proposal.draft_probs[0]
-                result = ACCEPTANCE_RULES[settings.rule](
-                    logits, node_tokens[i, : sizes[i]], tree, q, settings.sampling, generator, settings.options
+                results.append(AcceptResult([], self._first_token(logits[i, 0], settings, generator)))
+                continue
+            rule = ACCEPTANCE_RULES[settings.rule]
+            if settings.rule == "rejection" and tree.is_chain:
+                rule = rejection_chain  # the same rule with one transfer for the whole chain
+            results.append(
+                rule(
+                    logits[i, :size],
+                    step.tokens[i, :size],
+                    tree,
+                    step.draft_probs[i],
+                    settings.sampling,
+                    generator,
+                    settings.options,
                 )
-                path, next_token = result.path, result.next_token
-            keeps.append([0, *path])
-            accepted = node_tokens[i, path].tolist() if path else []
-            emitted = self._cut(state, row, [*accepted, next_token], settings, max_length)
-            state.append(row, emitted)
-            state.stats[row].record_step(len(emitted), len(path), 0 if tree is None else tree.max_depth)
+            )
+        return results
+
+    def _commit(
+        self,
+        state: DecodeState,
+        step: _StepInputs,
+        out: Any,
+        results: list[AcceptResult],
+        settings: _Settings,
+        max_length: int | None,
+    ) -> dict[int, list[int]]:
+        """Write each row's emitted tokens, keep its accepted slots and hidden states, tell the drafter."""
+        keeps, emitted_by_row = [], {}
+        for i, (row, tree, result) in enumerate(zip(state.rows, step.trees, results, strict=True)):
+            keeps.append([0, *result.path])
+            accepted = result.accepted
+            if accepted is None:
+                accepted = step.tokens[i, result.path].tolist() if result.path else []
+            emitted = self._cut(state, row, [*accepted, result.next_token], settings, max_length)
+            state.stats[row].record_step(len(emitted), len(result.path), 0 if tree is None else tree.max_depth)
             emitted_by_row[row] = emitted
+        state.append_rows(emitted_by_row)
         kv_cache.commit(state.cache, keeps)
         state.hidden_states = self._kept_hidden(out, keeps)
         state.hidden_counts = [len(keep) for keep in keeps] if state.hidden_states else []
@@ -483,13 +570,17 @@ class SpecDecoder:
             return ()
         if keeps is None:
             return tuple(out.hidden_states[layer] for layer in self.drafter.hidden_state_layers)
+        if len(keeps) == 1 and keeps[0] == list(range(len(keeps[0]))):  # one row, a chain prefix: a slice
+            return tuple(out.hidden_states[layer][:, : len(keeps[0])] for layer in self.drafter.hidden_state_layers)
         longest = max(len(keep) for keep in keeps)
         index = torch.tensor([keep + [keep[-1]] * (longest - len(keep)) for keep in keeps])
         rows = torch.arange(len(keeps))[:, None]
-        kept = []
+        kept, on_device = [], {}
         for layer in self.drafter.hidden_state_layers:  # layers may sit on different devices (device_map)
             hidden = out.hidden_states[layer]
-            kept.append(hidden[rows.to(hidden.device), index.to(hidden.device)])
+            if hidden.device not in on_device:
+                on_device[hidden.device] = (rows.to(hidden.device), index.to(hidden.device))
+            kept.append(hidden[on_device[hidden.device]])
         return tuple(kept)
 
     def _generator(self, settings: _Settings, seed: int | None) -> torch.Generator | None:
@@ -680,6 +771,18 @@ def _prompt_kind(prompt: Any) -> str:
     if isinstance(prompt, (list, tuple)) and not prompt:
         return "empty"
     return "conversation" if _is_conversation(prompt) else "token ids"
+
+
+def _for_rows(
+    proposal: Proposal | list[Proposal | None] | None, limits: list[int], batch: int
+) -> Proposal | list[Proposal | None]:
+    """A drafter's answer for the step: one proposal for every row when its tree fits every row's depth limit,
+    else one proposal (``[1, N]`` tokens, cut to the row's limit) or None per row."""
+    if isinstance(proposal, Proposal) and proposal.tokens.shape[1] and proposal.tree.max_depth <= min(limits):
+        if proposal.tokens.shape[0] != batch:
+            raise RuntimeError(f"the drafter proposed {proposal.tokens.shape[0]} rows, the batch has {batch}")
+        return proposal
+    return [_truncated(p, limit) for p, limit in zip(_per_row(proposal, batch), limits, strict=True)]
 
 
 def _per_row(proposal: Proposal | list[Proposal | None] | None, batch: int) -> list[Proposal | None]:

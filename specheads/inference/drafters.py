@@ -110,7 +110,7 @@ class PromptLookupDrafter:
         _check_chain_request(request, self.num_speculative_tokens)
 
     def reset(self, state: DecodeState) -> None:
-        return None
+        state.draft = [_NgramIndex(self.max_ngram_size) for _ in state.rows]
 
     def max_nodes(self, request: DraftRequest) -> int:
         return _chain_length(request, self.num_speculative_tokens)
@@ -119,25 +119,50 @@ class PromptLookupDrafter:
         length = min(_chain_length(request, self.num_speculative_tokens), request.max_depth)
         if length < 1:
             return None
-        proposals = []
-        for row in state.rows:
-            drafts = self._lookup(state.sequence(row), length)  # each row looks up its own context
-            proposals.append(None if drafts is None else chain_proposal(drafts[None]))
+        proposals: list[Proposal | None] = []
+        device = state.tokens.device
+        if not isinstance(state.draft, list) or len(state.draft) != len(state.rows):
+            self.reset(state)  # a state built by hand, without reset
+        for index, row in zip(state.draft, state.rows, strict=True):  # each row looks up its own context
+            context = state.host_tokens[row] if state.host_tokens else state.sequence(row).tolist()
+            drafts = index.lookup(context, length)
+            proposals.append(None if not drafts else chain_proposal(torch.tensor([drafts], device=device)))
         return proposals
-
-    def _lookup(self, context: torch.Tensor, length: int) -> torch.Tensor | None:
-        total = context.shape[0]
-        for size in range(min(self.max_ngram_size, total - 1), 0, -1):
-            windows = context.unfold(0, size, 1)  # [L - size + 1, size]
-            matches = (windows == context[total - size :]).all(dim=1).nonzero().flatten().tolist()
-            for start in matches:
-                begin = start + size
-                if begin < total:
-                    return context[begin : min(begin + length, total)]
-        return None
 
     def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:
         return None
+
+    def keep_rows(self, state: DecodeState, keep: list[int]) -> None:
+        state.draft = [state.draft[i] for i in keep]
+
+
+class _NgramIndex:
+    """One row's n-grams on the host, indexed as tokens are committed: n-gram -> its earliest start.
+
+    ``lookup`` then finds, for n from the largest size down, the earliest earlier occurrence of the context's last n
+    tokens and copies what follows it, as a scan of the whole context would, in time independent of its length.
+    """
+
+    def __init__(self, max_ngram_size: int) -> None:
+        self.sizes = range(max_ngram_size, 0, -1)
+        self.first: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # tokens whose n-grams (ending there) are in the index
+
+    def lookup(self, context: list[int], length: int) -> list[int]:
+        total = len(context)
+        for end in range(self.indexed, total):
+            for size in self.sizes:
+                if end + 1 >= size:
+                    self.first.setdefault(tuple(context[end + 1 - size : end + 1]), end + 1 - size)
+        self.indexed = total
+        for size in self.sizes:
+            if size >= total:
+                continue
+            start = self.first.get(tuple(context[total - size :]))
+            if start is not None and start + size < total:
+                begin = start + size
+                return context[begin : min(begin + length, total)]
+        return []
 
 
 class DraftModelDrafter:
@@ -195,9 +220,11 @@ class DraftModelDrafter:
         feeds = [state.tokens[row, draft.cached[i] : state.lengths[row]] for i, row in enumerate(rows)]
         counts = [feed.shape[0] for feed in feeds]
         logits = self._feed(draft.cache, feeds, counts)  # [A, V]: the last fed token of each row
+        limits = request.max_depths or (request.max_depth,) * len(rows)
+        if request.sampling.greedy:
+            return self._propose_greedy(state, logits, min(length, max(limits)), limits)
         drafts: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
-        limits = request.max_depths or (request.max_depth,) * len(rows)
         stopped = [limit < 1 for limit in limits]
         for step in range(length):
             if request.sampling.greedy:
@@ -233,13 +260,48 @@ class DraftModelDrafter:
             for d, p in zip(drafts, probs, strict=True)
         ]
 
-    def _feed(self, cache: kv_cache.SlotCache, feeds: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
-        """Feed each row its tokens (ragged) through the draft; ``[A, V]`` logits after each row's last token."""
+    def _propose_greedy(
+        self, state: DecodeState, logits: torch.Tensor, steps: int, limits: tuple[int, ...] | list[int]
+    ) -> list[Proposal]:
+        """Argmax drafts of every row in a ``[A, K]`` device buffer with a ``stopped`` mask; the rows' draft counts
+        reach the host once, at the end. With a confidence threshold the loop also asks the device whether every
+        row has stopped after each draft token (one transfer per draft token), so that it can stop early."""
+        draft: _DraftState = state.draft
+        rows, device = state.rows, logits.device
+        limit = torch.tensor(limits, device=device)
+        drafts = torch.zeros(len(rows), steps, dtype=torch.long, device=device)
+        count = torch.zeros(len(rows), dtype=torch.long, device=device)
+        stopped = limit < 1
+        for step in range(steps):
+            tokens = logits.argmax(dim=-1)  # [A]
+            drafts[:, step] = tokens
+            count += (~stopped).long()
+            stopped = stopped | (count >= limit)
+            if self.confidence_threshold:
+                confidence = logits.float().softmax(dim=-1).gather(1, tokens[:, None])[:, 0]
+                stopped = stopped | (confidence < self.confidence_threshold)
+            if step == steps - 1 or (self.confidence_threshold and bool(stopped.all())):
+                break
+            logits = self._feed(draft.cache, tokens[:, None], [1] * len(rows))
+        counts = count.tolist()  # the one transfer
+        # The last draft of each row was never fed: the draft cache holds committed + (drafted - 1) of its drafts.
+        draft.cached = [state.lengths[row] for row in rows]
+        draft.drafted = counts
+        return [chain_proposal(drafts[i : i + 1, :n]) for i, n in enumerate(counts)]
+
+    def _feed(
+        self, cache: kv_cache.SlotCache, feeds: list[torch.Tensor] | torch.Tensor, counts: list[int]
+    ) -> torch.Tensor:
+        """Feed each row its tokens (ragged; or a ``[A, W]`` tensor, W each) through the draft; ``[A, V]`` logits
+        after each row's last token."""
         width, device = max(counts), feeds[0].device
         lengths = kv_cache.row_lengths(cache)
-        input_ids = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
-        for i, feed in enumerate(feeds):
-            input_ids[i, : counts[i]] = feed
+        if isinstance(feeds, torch.Tensor):
+            input_ids = feeds
+        else:
+            input_ids = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
+            for i, feed in enumerate(feeds):
+                input_ids[i, : counts[i]] = feed
         positions = torch.tensor(lengths, device=device)[:, None] + torch.arange(width, device=device)[None]
         if len(feeds) == 1:
             mask = None  # one row: the model's own causal mask over the cache is the same
@@ -253,6 +315,8 @@ class DraftModelDrafter:
             **kv_cache.forward_kwargs(self.model, cache),
         )
         kv_cache.advance(cache, counts)
+        if min(counts) == width:
+            return out.logits[:, -1]
         last = torch.tensor(counts, device=device) - 1
         return out.logits[torch.arange(len(feeds), device=device), last]
 
@@ -349,9 +413,9 @@ class MedusaDrafter:
             return None
         hidden = state.last_hidden(0)  # [B, H] of each row's last cached token
         logits = self.heads(hidden, num_heads=tree.max_depth)  # [D, B, V]
-        depths = tree.depths[1:]  # [N]
-        ranks = torch.tensor(tree.ranks[1:], dtype=torch.long)  # [N]
-        candidates = logits.topk(int(ranks.max()) + 1, dim=-1).indices  # [D, B, R]
+        buffers = tree.on(logits.device)
+        depths, ranks = buffers.depths[1:], buffers.ranks[1:]  # [N] each, on the device
+        candidates = logits.topk(max(tree.ranks[1:]) + 1, dim=-1).indices  # [D, B, R]
         tokens = candidates[depths - 1, :, ranks].transpose(0, 1)  # [B, N]
         return Proposal(tokens=tokens, tree=tree, draft_probs=None)
 

@@ -48,12 +48,14 @@ class _EagleState:
         consumed: per row, committed pairs in the cache.
         pending: ``[A, M, H]`` fused base features not yet fed (row i holds ``pending_counts[i]``), or None.
         pending_counts: per row, how many of ``pending`` are real.
+        consumed_on_device: ``consumed`` on the device (set when the pending pairs are fed).
     """
 
     cache: kv_cache.SlotCache
     consumed: list[int]
     pending: torch.Tensor | None = None
     pending_counts: list[int] | None = None
+    consumed_on_device: torch.Tensor | None = None
 
 
 class EagleDrafter:
@@ -135,12 +137,14 @@ class EagleDrafter:
     def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:
         draft: _EagleState = state.draft
         kv_cache.crop(draft.cache, draft.consumed)  # drop the tree entries; accepted tokens return with true features
+        draft.consumed_on_device = None
         self._receive(state)
 
     def keep_rows(self, state: DecodeState, keep: list[int]) -> None:
         draft: _EagleState = state.draft
         kv_cache.keep_rows(draft.cache, keep)
         draft.consumed = [draft.consumed[i] for i in keep]
+        draft.consumed_on_device = None
         if draft.pending is not None:
             draft.pending = draft.pending[torch.tensor(keep, device=draft.pending.device)]
             draft.pending_counts = [draft.pending_counts[i] for i in keep]
@@ -173,19 +177,19 @@ class EagleDrafter:
             return None
         counts, width = draft.pending_counts, max(draft.pending_counts)
         device = draft.pending.device
-        input_ids = torch.zeros(len(counts), width, dtype=torch.long, device=device)
-        for i, (row, count) in enumerate(zip(state.rows, counts, strict=True)):
-            start = draft.consumed[i]
-            input_ids[i, :count] = state.tokens[row, start + 1 : start + 1 + count]  # token t + 1 of pair t
-        lengths = kv_cache.row_lengths(draft.cache)
-        inner = [kv_cache.causal(c) for c in counts]
-        mask = kv_cache.step_mask(lengths, inner, width, device)
-        positions = torch.tensor(draft.consumed, device=device)[:, None] + torch.arange(width, device=device)[None]
+        meta = torch.tensor([list(state.rows), draft.consumed, counts], dtype=torch.long).to(device)
+        rows, consumed, lengths = meta[0], meta[1], meta[2]
+        columns = consumed[:, None] + 1 + torch.arange(width, device=device)[None]  # token t + 1 of pair t
+        input_ids = state.tokens[rows[:, None], columns.clamp_max(state.tokens.shape[1] - 1)]
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()[None]
+        mask = kv_cache.tree_step_mask(consumed, max(draft.consumed), causal)  # the cache holds `consumed` pairs
+        positions = columns - 1
         hidden = self.head.step(input_ids, draft.pending[:, :width], positions, mask, draft.cache)  # [A, W, H]
         kv_cache.advance(draft.cache, counts)
         draft.consumed = [c + n for c, n in zip(draft.consumed, counts, strict=True)]
+        draft.consumed_on_device = consumed + lengths
         draft.pending, draft.pending_counts = None, None
-        last = torch.tensor([max(c - 1, 0) for c in counts], device=device)
+        last = (lengths - 1).clamp_min(0)
         root_hidden = hidden[torch.arange(len(counts), device=device), last]  # [A, H]
         log_probs = self.head.logits(root_hidden).float().log_softmax(dim=-1)
         return _Root(root_hidden, log_probs), [c > 0 for c in counts]
@@ -211,69 +215,54 @@ class EagleDrafter:
             proposals = [Proposal(tokens[i : i + 1], buffers, None) for i in range(tokens.shape[0])]
         return [p if ok else None for p, ok in zip(proposals, has_root, strict=True)]
 
-    def _expand(
+    def _feed_nodes(
         self,
         draft: _EagleState,
-        nodes: list[list[int]],
         tokens: torch.Tensor,
         parent_hidden: torch.Tensor,
-        parents: list[list[int]] | list[tuple[int, ...]],
-        entries: list[dict[int, int]],
+        block: torch.Tensor,
         depth: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed the ``nodes`` of one depth, the same number for every row: tokens ``[A, n]`` and the parents' draft
-        outputs ``[A, n, H]``.
+        """Feed n tree nodes of one depth for every row: tokens ``[A, n]``, their parents' draft outputs
+        ``[A, n, H]``.
 
-        ``entries[i]`` maps every node of row i fed so far to its tree entry (order of feeding, after the row's
-        committed pairs); a node attends to its row's committed pairs, its fed ancestors (the root is never in
-        ``entries``) and itself, and its own entry is recorded. Returns draft outputs ``[A, n, H]`` and
+        ``block`` (``[A or 1, n, E]``) says which of the E tree entries fed so far (these n last) each node sees:
+        its fed ancestors and itself; every node also sees its row's committed pairs. None: one row whose one node
+        sees everything in the cache (a chain), which needs no mask. Returns draft outputs ``[A, n, H]`` and
         log-probabilities ``[A, n, Vd]``.
         """
         batch, count = tokens.shape
-        device = parent_hidden.device
-        lengths = kv_cache.row_lengths(draft.cache)  # consumed + tree entries fed so far, per row
-        width = max(lengths) + count
-        mask = torch.zeros(batch, count, width, dtype=torch.bool, device=device)
-        for i in range(batch):
-            consumed, fed, entry = draft.consumed[i], lengths[i] - draft.consumed[i], entries[i]
-            mask[i, :, :consumed] = True
-            for row, node in enumerate(nodes[i]):
-                ancestor = parents[i][node]
-                while ancestor in entry:
-                    mask[i, row, consumed + entry[ancestor]] = True
-                    ancestor = parents[i][ancestor]
-                mask[i, row, lengths[i] + row] = True
-                entry[node] = fed + row
-        positions = (torch.tensor(draft.consumed, device=device) - 1 + depth)[:, None].expand(batch, count)
-        hidden = self.head.step(tokens, parent_hidden, positions, mask[:, None], draft.cache)
+        if draft.consumed_on_device is None:
+            draft.consumed_on_device = torch.tensor(draft.consumed, dtype=torch.long, device=tokens.device)
+        consumed = draft.consumed_on_device
+        mask = None if block is None else kv_cache.tree_step_mask(consumed, max(draft.consumed), block)
+        positions = (consumed - 1 + depth)[:, None].expand(batch, count)
+        hidden = self.head.step(tokens, parent_hidden, positions, mask, draft.cache)
         kv_cache.advance(draft.cache, [count] * batch)
         return hidden, self.head.logits(hidden).float().log_softmax(dim=-1)
 
     def _static(self, draft: _EagleState, root: _Root, tree: TreeBuffers) -> torch.Tensor:
-        """Tokens ``[A, N]`` of a static tree: node (.., r) is the rank-r candidate of its parent's draft output."""
+        """Tokens ``[A, N]`` of a static tree: node (.., r) is the rank-r candidate of its parent's draft output.
+
+        One gather per depth picks the nodes' tokens from their parents' candidates and one draft forward feeds
+        the depth's nodes that have children; the plan of indices and masks is built once per tree.
+        """
+        plan = _static_plan(tree, root.hidden.device)
         batch, size = root.hidden.shape[0], tree.num_nodes + 1
-        tokens = torch.zeros(batch, size, dtype=torch.long, device=root.hidden.device)
-        hidden: dict[int, torch.Tensor] = {0: root.hidden}  # node -> [A, H]
-        log_probs: dict[int, torch.Tensor] = {0: root.log_probs}  # node -> [A, Vd]
-        entries: list[dict[int, int]] = [{} for _ in range(batch)]
-        depths = tree.depths.tolist()
-        expanding = [[n for n in range(size) if depths[n] == depth and tree.children[n]] for depth in range(size)]
-        for depth in range(1, tree.max_depth + 1):
-            for parent in expanding[depth - 1]:
-                children = tree.children[parent]
-                width = max(tree.ranks[c] for c in children) + 1
-                best = self.head.to_target(log_probs[parent].topk(width, dim=-1).indices)  # [A, width]
-                for child in children:
-                    tokens[:, child] = best[:, tree.ranks[child]]
-            expand = expanding[depth]
-            if not expand:
+        device = root.hidden.device
+        tokens = torch.zeros(batch, size, dtype=torch.long, device=device)
+        hidden = root.hidden.new_zeros(batch, size, root.hidden.shape[-1])  # [A, N + 1, H] draft output per node
+        hidden[:, 0] = root.hidden
+        candidates = torch.zeros(batch, size, plan.width, dtype=torch.long, device=device)  # top ids per node
+        candidates[:, 0] = self.head.to_target(root.log_probs.topk(plan.width, dim=-1).indices)
+        for depth, level in enumerate(plan.levels, start=1):
+            tokens[:, level.nodes] = candidates[:, level.parents, level.ranks]
+            if level.fed is None:
                 continue
-            parents = torch.stack([hidden[tree.parents[n]] for n in expand], dim=1)  # [A, n, H]
-            out, out_log_probs = self._expand(
-                draft, [expand] * batch, tokens[:, expand], parents, [tree.parents] * batch, entries, depth
-            )
-            for column, node in enumerate(expand):
-                hidden[node], log_probs[node] = out[:, column], out_log_probs[:, column]
+            block = None if batch == 1 and level.sees_all else level.block
+            out, log_probs = self._feed_nodes(draft, tokens[:, level.fed], hidden[:, level.fed_parents], block, depth)
+            hidden[:, level.fed] = out
+            candidates[:, level.fed] = self.head.to_target(log_probs.topk(plan.width, dim=-1).indices)
         return tokens[:, 1:]
 
     def _dynamic(
@@ -281,47 +270,125 @@ class EagleDrafter:
     ) -> list[tuple[torch.Tensor, TreeBuffers]]:
         """EAGLE-2 per row: expand the ``top_k`` best nodes per depth, keep the ``total_tokens`` best overall.
 
-        Every row expands the same number of nodes per depth, so one draft forward per depth serves the batch.
+        Tensor code throughout: every row expands the same number of nodes per depth (one draft forward per depth
+        for the batch), the frontier is one flattened top-k per level, each fed node's ancestors are a bit row
+        updated by index, and the chosen trees reach the host in one transfer (their parents).
         """
         batch, device = root.hidden.shape[0], root.hidden.device
         depth_limit = min(spec.depth, max_depth)
-        width = min(spec.top_k, root.log_probs.shape[1])
-        top = root.log_probs.topk(width, dim=-1)
-        first = self.head.to_target(top.indices).tolist()
-        # Candidate nodes per row: token, parent candidate (-1: the root), depth, cumulative log-probability.
-        tokens = [list(row) for row in first]
-        parents = [[-1] * width for _ in range(batch)]
-        depths = [[1] * width for _ in range(batch)]
-        scores = [list(row) for row in top.values.tolist()]
-        frontier = [list(range(width)) for _ in range(batch)]
-        entries: list[dict[int, int]] = [{} for _ in range(batch)]
-        outputs: list[dict[int, torch.Tensor]] = [{-1: root.hidden[i]} for i in range(batch)]
+        k = min(spec.top_k, root.log_probs.shape[1])
+        top = root.log_probs.topk(k, dim=-1)
+        # Candidates in order of creation (depth by depth): token, parent candidate (-1: the root), score.
+        tokens, scores = [self.head.to_target(top.indices)], [top.values]
+        parents = [torch.full((batch, k), -1, dtype=torch.long, device=device)]
+        frontier = torch.arange(k, device=device)[None].expand(batch, k)  # candidate ids to feed next
+        frontier_hidden = root.hidden[:, None].expand(batch, k, -1)  # their parents' draft outputs
+        frontier_scores = top.values
+        fed_ancestors = torch.zeros(
+            batch, k * max(depth_limit - 1, 0), k * max(depth_limit - 1, 0), dtype=torch.bool, device=device
+        )  # entry -> the entries it sees
+        parent_entries: torch.Tensor | None = None  # per frontier node, its parent's entry (None: the root)
+        created = k
         for depth in range(1, depth_limit):
-            inputs = torch.tensor([[tokens[i][n] for n in frontier[i]] for i in range(batch)], device=device)
-            hidden_in = torch.stack(
-                [torch.stack([outputs[i][parents[i][n]] for n in frontier[i]]) for i in range(batch)]
+            first = (depth - 1) * k
+            own = torch.arange(first, first + k, device=device)
+            if parent_entries is not None:
+                fed_ancestors[:, first : first + k] = fed_ancestors.gather(
+                    1, parent_entries[:, :, None].expand(-1, -1, fed_ancestors.shape[2])
+                )
+            fed_ancestors[:, own, own] = True
+            node_tokens = torch.cat(tokens, dim=1).gather(1, frontier)
+            out, log_probs = self._feed_nodes(
+                draft, node_tokens, frontier_hidden, fed_ancestors[:, first : first + k, : first + k], depth
             )
-            out, out_log_probs = self._expand(draft, frontier, inputs, hidden_in, parents, entries, depth)
-            best = out_log_probs.topk(min(spec.top_k, out_log_probs.shape[-1]), dim=-1)
-            best_tokens = self.head.to_target(best.indices).tolist()  # [A][n][k]
-            best_values = best.values.tolist()
-            for i in range(batch):
-                children = []
-                for column, node in enumerate(frontier[i]):
-                    outputs[i][node] = out[i, column]
-                    for token, value in zip(best_tokens[i][column], best_values[i][column], strict=True):
-                        tokens[i].append(token)
-                        parents[i].append(node)
-                        depths[i].append(depth + 1)
-                        scores[i].append(scores[i][node] + value)
-                        children.append(len(tokens[i]) - 1)
-                frontier[i] = sorted(children, key=lambda n, i=i: (-scores[i][n], n))[: spec.top_k]
+            best = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)  # [A, k, k]
+            child_scores = (frontier_scores[:, :, None] + best.values).flatten(1)  # [A, k * k]
+            tokens.append(self.head.to_target(best.indices).flatten(1))
+            parents.append(frontier[:, :, None].expand(-1, -1, best.indices.shape[-1]).flatten(1))
+            scores.append(child_scores)
+            chosen = child_scores.topk(k, dim=-1).indices  # [A, k]: the next frontier, among the new candidates
+            column = chosen // best.indices.shape[-1]  # which fed node each is a child of
+            frontier = created + chosen
+            frontier_hidden = out.gather(1, column[:, :, None].expand(-1, -1, out.shape[-1]))
+            frontier_scores = child_scores.gather(1, chosen)
+            parent_entries = first + column
+            created += child_scores.shape[1]
+        all_tokens, all_scores, all_parents = (torch.cat(x, dim=1) for x in (tokens, scores, parents))
+        count = min(spec.total_tokens, created)
+        # A parent's score is never below its child's, and a stable sort keeps the earlier (shallower) node first
+        # on ties: the kept set is a tree.
+        kept = torch.sort(-all_scores, dim=1, stable=True).indices[:, :count].sort(dim=1).values  # [A, count]
+        position = torch.zeros(batch, created + 1, dtype=torch.long, device=device)  # candidate + 1 -> kept node
+        position.scatter_(1, kept + 1, torch.arange(1, count + 1, device=device)[None].expand(batch, -1))
+        kept_parents = position.gather(1, all_parents.gather(1, kept) + 1)  # the root (-1) maps to node 0
+        kept_tokens = all_tokens.gather(1, kept)
         drafted = []
-        for i in range(batch):
-            # A parent's score is never below its child's and ties go to the shallower node: the kept set is a tree.
-            kept = sorted(range(len(tokens[i])), key=lambda n, i=i: (-scores[i][n], depths[i][n], n))
-            kept = sorted(kept[: spec.total_tokens], key=lambda n, i=i: (depths[i][n], n))
-            index = {node: k + 1 for k, node in enumerate(kept)}
-            buffers = tree_from_parents([-1] + [0 if parents[i][n] < 0 else index[parents[i][n]] for n in kept])
-            drafted.append((torch.tensor([tokens[i][n] for n in kept], dtype=torch.long, device=device), buffers))
+        for i, row_parents in enumerate(kept_parents.tolist()):  # the one transfer: each row's tree shape
+            drafted.append((kept_tokens[i], tree_from_parents([-1, *row_parents])))
         return drafted
+
+
+@dataclass(frozen=True)
+class _Level:
+    """One depth of a static tree for the drafter: which nodes take which candidates, which are fed."""
+
+    # Index lists are slices where they are contiguous (a chain's always are): basic indexing costs less.
+    nodes: slice | torch.Tensor  # [n] the nodes of this depth
+    parents: slice | torch.Tensor  # [n] their parents
+    ranks: int | torch.Tensor  # [n] their ranks among the parent's candidates (an int: the same for all)
+    fed: slice | torch.Tensor | None  # [m] the nodes of this depth with children (fed to the draft), or None
+    fed_parents: slice | torch.Tensor | None  # [m] their parents
+    block: torch.Tensor | None  # [1, m, E] which of the E tree entries fed so far each fed node sees
+    sees_all: bool  # one fed node that sees every entry fed so far (no mask needed for one row)
+
+
+@dataclass(frozen=True)
+class _StaticPlan:
+    width: int  # candidates read per node (the largest rank + 1)
+    levels: tuple[_Level, ...]
+
+
+def _static_plan(tree: TreeBuffers, device: torch.device) -> _StaticPlan:
+    """The index tensors and masks of :meth:`EagleDrafter._static` for ``tree``, built once per device."""
+    key = ("eagle-static", str(device))
+    plan = tree._on_device.get(key)
+    if plan is not None:
+        return plan
+    entry: dict[int, int] = {}  # fed node -> its tree entry (order of feeding)
+    levels = []
+    for depth in range(1, tree.max_depth + 1):
+        nodes = [n for n in range(1, len(tree.parents)) if tree.levels[n] == depth]
+        fed = [n for n in nodes if tree.children[n]]
+        for n in fed:
+            entry[n] = len(entry)
+        seen = [[False] * len(entry) for _ in fed]
+        for row, node in enumerate(fed):
+            ancestor = node
+            while ancestor in entry:
+                seen[row][entry[ancestor]] = True
+                ancestor = tree.parents[ancestor]
+        block = torch.tensor(seen, dtype=torch.bool).reshape(1, len(fed), len(entry))
+
+        def index(values: list[int]) -> slice | torch.Tensor:
+            if values == list(range(values[0], values[0] + len(values))):
+                return slice(values[0], values[0] + len(values))
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        node_parents, node_ranks = [tree.parents[n] for n in nodes], [tree.ranks[n] for n in nodes]
+        parents, ranks = index(node_parents), node_ranks[0]  # a contiguous run of parents, one rank: basic indexing
+        if not isinstance(parents, slice) or len(set(node_ranks)) > 1:
+            parents, ranks = (torch.tensor(v, dtype=torch.long, device=device) for v in (node_parents, node_ranks))
+        levels.append(
+            _Level(
+                nodes=index(nodes),
+                parents=parents,
+                ranks=ranks,
+                fed=index(fed) if fed else None,
+                fed_parents=index([tree.parents[n] for n in fed]) if fed else None,
+                block=block.to(device) if fed else None,
+                sees_all=len(fed) == 1 and all(seen[0]),
+            )
+        )
+    plan = _StaticPlan(width=max(tree.ranks[1:], default=0) + 1, levels=tuple(levels))
+    tree._on_device[key] = plan
+    return plan

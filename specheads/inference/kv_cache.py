@@ -173,16 +173,36 @@ def step_mask(
     ``inner[b]`` (``[n_b, n_b]``, ``n_b <= count``; None: nothing new is fed) allows. Padding queries see only their
     own slot, so no softmax row is empty; their outputs are never read.
     """
-    width = max(lengths) + count
-    batch = len(lengths)
-    mask = torch.zeros(batch, count, width, dtype=torch.bool, device=device)
-    for row, (length, own) in enumerate(zip(lengths, inner, strict=True)):
-        size = 0 if own is None else own.shape[0]
-        mask[row, :size, :length] = True
-        if size:
-            mask[row, :size, length : length + size] = own.to(device)
-        padding = torch.arange(size, count, device=device)
-        mask[row, padding, length + padding] = True
+    block = torch.eye(count, dtype=torch.bool).repeat(len(lengths), 1, 1)
+    for row, own in enumerate(inner):
+        if own is not None and own.shape[0]:
+            block[row, : own.shape[0], : own.shape[0]] = own.cpu()
+    return tree_step_mask(torch.tensor(lengths, device=device), max(lengths), block.to(device))
+
+
+def tree_step_mask(starts: torch.Tensor, longest: int, block: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, Q, longest + E]`` bool mask of a forward into a SlotCache, built by broadcasting.
+
+    Args:
+        starts: ``[B]`` on the device: where each row's block of slots begins (its committed length before the
+            block).
+        longest: ``max(starts)``, known on the host.
+        block: ``[B, Q, E]`` (or ``[1, Q, E]``, shared): what each of the Q queries sees among the row's E slots
+            from its start on, the last Q of which this forward writes (E = Q for a plain step; a draft tree fed
+            depth by depth has earlier entries too). Padding queries should see only themselves.
+
+    Row b's queries see its slots ``[0, starts[b])`` and its slots ``starts[b] + j`` as ``block[b]`` allows: the
+    prefix by one comparison, the block by one scatter, with no per-row slices.
+    """
+    queries, entries = block.shape[-2:]
+    batch = starts.shape[0]
+    if batch == 1:  # one row: its prefix is the whole of `longest`
+        prefix = torch.ones(1, queries, longest, dtype=torch.bool, device=starts.device)
+        return torch.cat([prefix, block.to(torch.bool)], dim=-1)[:, None]
+    columns = torch.arange(longest + entries, device=starts.device)
+    mask = (columns[None, :] < starts[:, None])[:, None, :].expand(batch, queries, -1).clone()
+    offsets = starts[:, None, None] + torch.arange(entries, device=starts.device)[None, None, :]
+    mask.scatter_(2, offsets.expand(batch, queries, entries), block.expand(batch, queries, entries))
     return mask[:, None]
 
 
@@ -279,11 +299,14 @@ def _commit_slots(cache: SlotCache, keep: list[list[int]]) -> None:
         if index != target
     ]
     if moves:
-        rows, sources, targets = (torch.tensor(column, dtype=torch.long) for column in zip(*moves, strict=True))
+        host = torch.tensor(moves, dtype=torch.long).T  # [3, M]: rows, sources, targets
+        on_device: dict[torch.device, torch.Tensor] = {}  # layers may sit on different devices (device_map)
         for layer in cache.layers:
             if layer.is_initialized:
                 device = layer.keys.device
-                r, src, dst = rows.to(device), sources.to(device), targets.to(device)
+                if device not in on_device:
+                    on_device[device] = host.to(device)
+                r, src, dst = on_device[device]
                 layer.keys[r, :, dst] = layer.keys[r, :, src]  # gathered first (advanced indexing copies), then written
                 layer.values[r, :, dst] = layer.values[r, :, src]
     advance(cache, [len(indices) for indices in keep])

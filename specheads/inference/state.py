@@ -39,6 +39,8 @@ class DecodeState:
         draft: the drafter's per-generation state (its caches), set by ``drafter.reset``; kept here so that a
             drafter object can serve several generations at once.
         batch_draft_time_s / batch_verify_time_s: time the whole batch spent drafting / verifying.
+        host_tokens: per row, its committed tokens on the host (``host_tokens[b] == tokens[b, :lengths[b]]``): what
+            host-side drafters read and the next root, without a transfer.
     """
 
     tokens: torch.Tensor
@@ -55,6 +57,7 @@ class DecodeState:
     draft: Any = None
     batch_draft_time_s: float = 0.0
     batch_verify_time_s: float = 0.0
+    host_tokens: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         batch = self.tokens.shape[0]
@@ -81,12 +84,25 @@ class DecodeState:
         return self.tokens[row, : self.lengths[row]]
 
     def new_tokens(self, row: int = 0) -> list[int]:
+        if self.host_tokens:
+            return self.host_tokens[row][self.prompt_lengths[row] :]
         return self.tokens[row, self.prompt_lengths[row] : self.lengths[row]].tolist()
 
     def append(self, row: int, new: list[int]) -> None:
-        start = self.lengths[row]
-        self.tokens[row, start : start + len(new)] = torch.tensor(new, dtype=self.tokens.dtype)
-        self.lengths[row] = start + len(new)
+        self.append_rows({row: new})
+
+    def append_rows(self, new: dict[int, list[int]]) -> None:
+        """Commit ``new[row]`` after each row's tokens, for all rows with one copy to the device."""
+        rows = [row for row, tokens in new.items() for _ in tokens]
+        if rows:
+            columns = [self.lengths[row] + k for row, tokens in new.items() for k in range(len(tokens))]
+            values = [token for tokens in new.values() for token in tokens]
+            index = torch.tensor([rows, columns, values], dtype=torch.long).to(self.tokens.device)
+            self.tokens[index[0], index[1]] = index[2]
+        for row, tokens in new.items():
+            self.lengths[row] += len(tokens)
+            if self.host_tokens:
+                self.host_tokens[row].extend(tokens)
 
     def last_hidden(self, layer: int = 0) -> torch.Tensor:
         """``[len(rows), H]`` the hidden state (of ``hidden_states[layer]``) of each row's last cached token."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -42,6 +42,9 @@ class TreeBuffers:
         paths: ``[P, D + 1]`` node ids of every root-to-leaf path, padded with -1 (Medusa's retrieve indices).
         ranks: ``ranks[i]`` is the top-k rank of node i among its head's candidates (-1 for the root).
         choices: the Medusa choice paths of nodes 1..N.
+        levels: ``depths`` as a tuple (host code reads it without touching a tensor).
+
+    The tensors live on the CPU; :meth:`on` gives the device copies the decode loop uses, built once per device.
     """
 
     parents: tuple[int, ...]
@@ -51,6 +54,32 @@ class TreeBuffers:
     paths: torch.Tensor
     ranks: tuple[int, ...]
     choices: Choices
+    levels: tuple[int, ...] = ()
+    _on_device: dict = field(default_factory=dict, repr=False)
+
+    def on(self, device: torch.device | str, width: int | None = None) -> DeviceTree:
+        """This tree's buffers on ``device``, padded to ``width`` nodes (default: its own ``N + 1``); cached.
+
+        Padding nodes sit at the root's depth and see only themselves, so no attention row is empty.
+        """
+        size = len(self.parents)
+        width = size if width is None else width
+        key = (str(device), width)
+        buffers = self._on_device.get(key)
+        if buffers is None:
+            if width < size:
+                raise TreeError(f"a tree of {size} nodes cannot be padded to {width}")
+            mask = torch.eye(width, dtype=torch.bool)
+            mask[:size, :size] = self.attention_mask
+            depths = torch.zeros(width, dtype=torch.long)
+            depths[:size] = self.depths
+            parents = torch.zeros(width, dtype=torch.long)
+            parents[1:size] = torch.tensor(self.parents[1:], dtype=torch.long)
+            ranks = torch.zeros(width, dtype=torch.long)
+            ranks[1:size] = torch.tensor(self.ranks[1:], dtype=torch.long)
+            buffers = DeviceTree(mask.to(device), depths.to(device), parents.to(device), ranks.to(device))
+            self._on_device[key] = buffers
+        return buffers
 
     @property
     def num_nodes(self) -> int:
@@ -59,7 +88,7 @@ class TreeBuffers:
 
     @property
     def max_depth(self) -> int:
-        return int(self.depths.max()) if self.num_nodes else 0
+        return max(self.levels) if self.num_nodes else 0
 
     @property
     def is_chain(self) -> bool:
@@ -71,6 +100,23 @@ class TreeBuffers:
         if max_depth >= self.max_depth:
             return self
         return tree_from_choices(tuple(c for c in self.choices if len(c) <= max_depth))
+
+
+@dataclass(frozen=True)
+class DeviceTree:
+    """A tree's buffers on the decoding device (see :meth:`TreeBuffers.on`), ``W`` nodes with padding.
+
+    Attributes:
+        attention_mask: ``[W, W]`` bool, node i sees node j (an ancestor or itself).
+        depths: ``[W]`` depth of each node.
+        parents: ``[W]`` parent of each node (the root and padding: 0).
+        ranks: ``[W]`` top-k rank of each node among its parent's candidates (the root and padding: 0).
+    """
+
+    attention_mask: torch.Tensor
+    depths: torch.Tensor
+    parents: torch.Tensor
+    ranks: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -145,8 +191,12 @@ def tree_from_choices(choices: Choices) -> TreeBuffers:
 
 
 def tree_from_parents(parents: Sequence[int]) -> TreeBuffers:
-    """Tree buffers for an arbitrary topology (dynamic trees); ``parents[0]`` must be -1."""
-    parents = tuple(int(p) for p in parents)
+    """Tree buffers for an arbitrary topology (dynamic trees); ``parents[0]`` must be -1. Cached by topology."""
+    return _tree_from_parents(tuple(int(p) for p in parents))
+
+
+@lru_cache(maxsize=4096)
+def _tree_from_parents(parents: tuple[int, ...]) -> TreeBuffers:
     if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i > 0):
         raise TreeError("parents must start with -1 and point to earlier nodes")
     # Name each node by its path of sibling ranks so that truncation and golden tests work the same way.
@@ -162,33 +212,33 @@ def tree_from_parents(parents: Sequence[int]) -> TreeBuffers:
 def _buffers(parents: tuple[int, ...], ranks: tuple[int, ...], choices: Choices) -> TreeBuffers:
     size = len(parents)
     depths = [0] * size
-    mask = torch.zeros(size, size, dtype=torch.bool)
+    ancestors = [1] * size  # bit j of ancestors[i]: node i sees node j (itself or an ancestor)
     children: list[list[int]] = [[] for _ in range(size)]
-    for node in range(size):
-        mask[node, node] = True
+    for node in range(1, size):
         parent = parents[node]
-        if parent >= 0:
-            depths[node] = depths[parent] + 1
-            mask[node] |= mask[parent]
-            children[parent].append(node)
+        depths[node] = depths[parent] + 1
+        ancestors[node] = ancestors[parent] | (1 << node)
+        children[parent].append(node)
+    mask = torch.tensor([[bool(bits >> j & 1) for j in range(size)] for bits in ancestors], dtype=torch.bool)
     leaves = [node for node in range(size) if not children[node]]
     max_depth = max(depths)
-    paths = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long)
-    for row, leaf in enumerate(leaves):
+    chains = []
+    for leaf in leaves:
         chain = []
         node = leaf
         while node >= 0:
             chain.append(node)
             node = parents[node]
-        paths[row, : len(chain)] = torch.tensor(chain[::-1])
+        chains.append(chain[::-1] + [-1] * (max_depth + 1 - len(chain)))
     return TreeBuffers(
         parents=parents,
         depths=torch.tensor(depths, dtype=torch.long),
         attention_mask=mask,
         children=tuple(tuple(c) for c in children),
-        paths=paths,
+        paths=torch.tensor(chains, dtype=torch.long).reshape(len(leaves), max_depth + 1),
         ranks=ranks,
         choices=choices,
+        levels=tuple(depths),
     )
 
 

@@ -14,6 +14,7 @@ from specheads.inference.acceptance import (
     LOSSLESS_RULES,
     AcceptanceOptions,
     AcceptResult,
+    rejection_chain,
     resolve_rule,
 )
 from specheads.inference.sampling import SamplingParams, probabilities
@@ -326,6 +327,30 @@ def test_rejection_with_deterministic_candidates_is_lossless() -> None:
         result = accept("rejection", p_logits, tokens, tree, SAMPLED, generator=generator)
         counts[_first_token(result, tokens)] += 1
     _assert_distributed_as(counts, torch.tensor(P_ROOT))
+
+
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "one-hot"])
+def test_rejection_on_the_device_for_chains_is_lossless(with_q: bool) -> None:
+    """The chain rule with one transfer: the first emitted token is distributed as p, and after an accepted first
+    draft the second is distributed as p at node 1, whether the drafts come from q or are fixed."""
+    tree = resolve_tree("chain-2")
+    p_second = [0.5, 0.1, 0.1, 0.3]
+    p_logits = log_probs(P_ROOT, p_second, [0.25] * 4)
+    q = torch.stack([Q_DRAFT, torch.tensor([0.1, 0.6, 0.2, 0.1])]) if with_q else None
+    generator = torch.Generator().manual_seed(99)
+    first, second = torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long)
+    for _ in range(TRIALS):
+        # With q: x1 ~ q0 and x2 ~ q1 (the draft at node 1); else fixed drafts.
+        drafts = [int(torch.multinomial(q[j], 1, generator=generator)) for j in range(2)] if with_q else [3, 0]
+        tokens = [0, *drafts]
+        result = rejection_chain(p_logits, torch.tensor(tokens), tree, q, SAMPLED, generator, AcceptanceOptions())
+        emitted = [tokens[node] for node in result.path] + [result.next_token]
+        assert result.accepted == emitted[:-1]
+        first[emitted[0]] += 1
+        if result.path and tokens[1] == 3:  # the second token after an accepted first draft 3
+            second[emitted[1]] += 1
+    _assert_distributed_as(first, torch.tensor(P_ROOT))
+    _assert_distributed_as(second, torch.tensor(p_second))
 
 
 def test_chi_square_check_detects_a_lossy_rule() -> None:

@@ -322,8 +322,8 @@ class _RecordingDrafter(EagleDrafter):
         super().__init__(head)
         self.outputs: list[torch.Tensor] = []
 
-    def _expand(self, *args):
-        hidden, log_probs = super()._expand(*args)
+    def _feed_nodes(self, *args):
+        hidden, log_probs = super()._feed_nodes(*args)
         self.outputs.extend(hidden[0])  # one row: its nodes' outputs
         return hidden, log_probs
 
