@@ -45,6 +45,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 from specheads import SpecDecoder, assets
 from specheads.bench import BenchMethod, GroupRun, build_methods, machine_info, model_info, run_bench, summarize
 from specheads.inference.drafters import DraftModelDrafter, NoDrafter
+from specheads.inference.oracle import chi_square_p
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.metrics import SpecStats
 from specheads.prompts import load_prompts
@@ -374,19 +375,6 @@ def monte_carlo(
         for output in outputs:
             counts[output.new_tokens[0], output.new_tokens[1]] += 1
     return counts
-
-
-def chi_square_p(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    """Pearson's chi-square p-value of ``counts`` against ``expected_probs``; cells expecting < 5 are pooled."""
-    from scipy.stats import chisquare
-
-    observed, expected = counts.flatten(), expected_probs.flatten() * counts.sum()
-    small = expected < 5
-    observed = torch.cat([observed[~small], observed[small].sum(dim=0, keepdim=True)])
-    expected = torch.cat([expected[~small], expected[small].sum(dim=0, keepdim=True)])
-    keep = expected > 0
-    observed, expected = observed[keep], expected[keep] * observed[keep].sum() / expected[keep].sum()
-    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
 
 def sampling_noise_tv(probs: torch.Tensor, samples: int, draws: int = 20) -> float:

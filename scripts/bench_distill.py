@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from specheads import SpecDecoder, assets
-from specheads.inference.decoder import _heads_path
+from specheads.heads.loading import heads_path
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.prompts import load_prompts
 from specheads.training.distill import DistillResult, distill
@@ -125,7 +125,7 @@ def main() -> None:
     prompts = load_prompts(prompts_path, tokenizer, limit=args.limit)
     base = load_causal_lm(args.base, device=args.device)
     if args.heads is not None:
-        decoder = SpecDecoder.from_pretrained(base, heads=_heads_path(args.heads), tokenizer=tokenizer)
+        decoder = SpecDecoder.from_pretrained(base, heads=heads_path(args.heads), tokenizer=tokenizer)
     else:
         decoder = SpecDecoder.from_pretrained(base, draft_model=args.draft_model, tokenizer=tokenizer)
     options = {"tree": args.tree, "num_speculative_tokens": args.num_speculative_tokens}

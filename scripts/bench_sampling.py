@@ -15,11 +15,10 @@ import time
 import torch
 
 from specheads import SpecDecoder, assets
-from specheads.heads.loading import heads_for_decoding
-from specheads.heads.registry import head_type_of
-from specheads.inference.decoder import _heads_path
+from specheads.heads.loading import heads_for_decoding, heads_path
 from specheads.inference.drafters import NoDrafter
 from specheads.loading import load_causal_lm, load_tokenizer
+from specheads.methods.registry import head_type_of
 from specheads.prompts import load_prompts
 
 RULES = ("none", "rejection", "typical")
@@ -39,7 +38,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.base)
     base = load_causal_lm(args.base)
-    heads, base = heads_for_decoding(_heads_path(args.heads), base)
+    heads, base = heads_for_decoding(heads_path(args.heads), base)
     decoders = {
         "none": SpecDecoder(base, NoDrafter()),
         "spec": SpecDecoder(base, head_type_of(heads).make_drafter(heads)),

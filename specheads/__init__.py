@@ -15,11 +15,12 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "DraftModelDrafter": "specheads.inference.drafters",
     "DynamicTree": "specheads.inference.trees",
-    "EagleDrafter": "specheads.inference.eagle",
-    "EagleHead": "specheads.heads.eagle",
+    "EagleDrafter": "specheads.methods.eagle.drafter",
+    "EagleHead": "specheads.methods.eagle.heads",
+    "GenerationConfig": "specheads.inference.generation",
     "GenerationOutput": "specheads.inference.decoder",
     "HeadCheckpointError": "specheads.heads.checkpoint",
-    "MedusaHeads": "specheads.heads.medusa",
+    "MedusaHeads": "specheads.methods.medusa.heads",
     "NoDrafter": "specheads.inference.drafters",
     "PromptLookupDrafter": "specheads.inference.drafters",
     "SpecDecoder": "specheads.inference.decoder",
@@ -33,6 +34,7 @@ __all__ = [
     "DynamicTree",
     "EagleDrafter",
     "EagleHead",
+    "GenerationConfig",
     "GenerationOutput",
     "HeadCheckpointError",
     "MedusaHeads",
@@ -47,13 +49,14 @@ __all__ = [
 
 if TYPE_CHECKING:
     from specheads.heads.checkpoint import HeadCheckpointError
-    from specheads.heads.eagle import EagleHead
     from specheads.heads.loading import load_heads
-    from specheads.heads.medusa import MedusaHeads
     from specheads.inference.decoder import GenerationOutput, SpecDecoder
     from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
-    from specheads.inference.eagle import EagleDrafter
+    from specheads.inference.generation import GenerationConfig
     from specheads.inference.trees import DynamicTree, TreeError
+    from specheads.methods.eagle.drafter import EagleDrafter
+    from specheads.methods.eagle.heads import EagleHead
+    from specheads.methods.medusa.heads import MedusaHeads
     from specheads.metrics import SpecStats
 
 

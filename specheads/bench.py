@@ -33,6 +33,7 @@ import logging
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,11 +46,11 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.heads.registry import head_type_of
 from specheads.inference.decoder import SpecDecoder
 from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
 from specheads.loading import eos_token_ids, pad_token_id
 from specheads.machine import BUSY_CORES
+from specheads.methods.registry import head_type_of
 from specheads.metrics import SpecStats
 from specheads.prompts import Prompt, prompt_token_ids
 
@@ -216,7 +217,7 @@ def build_methods(
             drafter = head_type.make_drafter(head_module)
             decoder = SpecDecoder(base, drafter)
             try:
-                decoder._settings(1, {"tree": tree})  # the argument checks of generate, without any compute
+                decoder.check(tree=tree)  # the argument checks of generate, without any compute
             except ValueError:  # a tree these heads cannot decode (deeper than Medusa's heads, ...): no row
                 continue
             methods.append(BenchMethod(f"{label}-{tree}", _spec_runner(decoder, tree=tree), has_stats=True))
@@ -482,13 +483,19 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def write_report(report: dict[str, Any], out_dir: str | Path) -> None:
-    """Write ``report.json``, ``report.md`` and ``speedup.png`` into ``out_dir``."""
+def write_report(report: dict[str, Any], out_dir: str | Path) -> list[str]:
+    """Write ``report.json``, ``report.md`` and ``speedup.png`` (with matplotlib, the ``plot`` extra) into
+    ``out_dir``; returns the names written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown_table(report))
-    plot_speedups(report, out / "speedup.png")
+    try:
+        plot_speedups(report, out / "speedup.png")
+    except ImportError:
+        print("speedup.png not written: matplotlib is not installed (pip install 'specheads[plot]')", file=sys.stderr)
+        return ["report.json", "report.md"]
+    return ["report.json", "report.md", "speedup.png"]
 
 
 def report_rows(

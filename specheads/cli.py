@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specheads.heads.registry import HEAD_TYPES
+from specheads.methods.registry import HEAD_TYPES, export_formats
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -34,7 +34,42 @@ def positive_int(text: str) -> int:
     return value
 
 
-FORMAT_CHOICES = ("eagle3", "speculators", "eagle", "medusa", "gguf")
+FORMAT_CHOICES = export_formats()  # every method's formats, from the registry
+
+
+# ---------------------------------------------------------------------------------------------- shared option groups
+BASE_HELP = "base model: local folder, hub id or 'default'"
+THREADS_HELP = "torch CPU threads (default: the idle cores)"
+DEVICE_HELP = "cpu, cuda, cuda:1, ... (default: where the model loads)"
+# The acceptance rules (specheads.inference.acceptance.ACCEPTANCE_RULES, kept torch-free here for --help).
+ACCEPTANCE_CHOICES = ("auto", "greedy", "rejection", "typical", "threshold", "alpha")
+
+
+def _add_machine(parser: argparse.ArgumentParser, device_help: str = DEVICE_HELP) -> None:
+    """``--device`` and ``--threads``: where and on how many CPU threads a command runs its models."""
+    parser.add_argument("--device", help=device_help)
+    parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+
+
+def _add_sampling(parser: argparse.ArgumentParser, top_k_help: str | None = None) -> None:
+    """``--temperature``, ``--top-p``, ``--top-k``: the base's sampling settings."""
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help=top_k_help or "0 disables top-k")
+
+
+def _add_drafter(parser: argparse.ArgumentParser, heads_help: str, draft_help: str) -> None:
+    """``--heads`` or ``--draft-model`` (one of them), ``--tree`` and ``--num-speculative-tokens``."""
+    drafter = parser.add_mutually_exclusive_group()
+    drafter.add_argument("--heads", help=heads_help)
+    drafter.add_argument("--draft-model", help=draft_help)
+    parser.add_argument(
+        "--tree",
+        help="'chain-K', a tree name, a tree JSON file, 'auto' (calibrated) or 'dynamic' (EAGLE-2, EAGLE heads)",
+    )
+    parser.add_argument(
+        "--num-speculative-tokens", type=positive_int, help="K drafted tokens per step (chain drafters)"
+    )
 
 
 def _add_generate(subparsers: argparse._SubParsersAction) -> None:
@@ -61,32 +96,21 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
         help='a conversation: a JSON list of {"role", "content"} messages (roles system, user, assistant), or an '
         'object with such a "messages" list; rendered with the chat template',
     )
-    parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
-    drafter = parser.add_mutually_exclusive_group()
-    drafter.add_argument("--draft-model", help="draft model sharing the base's tokenizer (method 'draft')")
-    drafter.add_argument(
-        "--heads",
-        help="head checkpoint directory (Medusa or EAGLE; 'default' with --base default: the shipped EAGLE-3)",
+    parser.add_argument("--base", required=True, help=BASE_HELP)
+    _add_drafter(
+        parser,
+        heads_help="head checkpoint directory (Medusa or EAGLE; 'default' with --base default: the shipped EAGLE-3)",
+        draft_help="draft model sharing the base's tokenizer (method 'draft')",
     )
     parser.add_argument("--method", choices=METHOD_CHOICES, help="drafting method (inferred when omitted)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--acceptance", default="auto", help="auto | greedy | rejection | typical | threshold | alpha")
-    parser.add_argument(
-        "--tree",
-        help="'chain-K', a tree name, a tree JSON file, 'auto' (calibrated) or 'dynamic' (EAGLE-2, EAGLE heads)",
-    )
+    _add_sampling(parser)
+    parser.add_argument("--acceptance", default="auto", choices=ACCEPTANCE_CHOICES, help="acceptance rule")
     parser.add_argument("--tree-top-k", type=int, help="dynamic tree: nodes expanded per depth")
     parser.add_argument("--depth", type=int, help="dynamic tree: draft levels")
     parser.add_argument("--total-tokens", type=int, help="dynamic tree: drafted nodes verified per step")
-    parser.add_argument(
-        "--num-speculative-tokens", type=positive_int, help="K drafted tokens per step (chain drafters)"
-    )
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: where the model loads)")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: the idle cores)")
+    _add_machine(parser)
     parser.add_argument("--stats", action="store_true", help="print tau, acceptance by depth and timings")
     parser.add_argument("--json", action="store_true", help="print one JSON object (text and statistics)")
     parser.set_defaults(handler=_generate)
@@ -94,6 +118,7 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     from specheads import SpecDecoder
+    from specheads.inference.generation import GenerationConfig
     from specheads.loading import load_tokenizer
     from specheads.prompts import chat_text
 
@@ -103,16 +128,8 @@ def _generate(args: argparse.Namespace) -> int:
     if not isinstance(prompt, str):  # a conversation: check it renders before any model loads
         tokenizer = load_tokenizer(args.base)
         chat_text(tokenizer, prompt)
-    decoder = SpecDecoder.from_pretrained(
-        args.base,
-        heads=args.heads,
-        draft_model=args.draft_model,
-        method=args.method,
-        tokenizer=tokenizer,
-        device=args.device,
-        num_speculative_tokens=args.num_speculative_tokens,
-    )
-    kwargs = dict(
+    config = GenerationConfig(  # checked before any model loads
+        max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
@@ -123,14 +140,23 @@ def _generate(args: argparse.Namespace) -> int:
         depth=args.depth,
         total_tokens=args.total_tokens,
     )
+    decoder = SpecDecoder.from_pretrained(
+        args.base,
+        heads=args.heads,
+        draft_model=args.draft_model,
+        method=args.method,
+        tokenizer=tokenizer,
+        device=args.device,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
     if args.json:
-        out = decoder.generate(prompt, max_new_tokens=args.max_new_tokens, **kwargs)
+        out = decoder.generate(prompt, generation_config=config)
         record = {"text": out.text, "new_tokens": out.new_tokens, "finish_reason": out.finish_reason}
         print(json.dumps({**record, "tokens_cut": out.tokens_cut, "stats": out.stats.to_dict()}))
         _note_cut(out)
         return 0
     if not args.stats:
-        pieces = decoder.stream(prompt, max_new_tokens=args.max_new_tokens, **kwargs)
+        pieces = decoder.stream(prompt, generation_config=config)
         out = None
         while out is None:
             try:
@@ -140,7 +166,7 @@ def _generate(args: argparse.Namespace) -> int:
         print()
         _note_cut(out)
         return 0
-    out = decoder.generate(prompt, max_new_tokens=args.max_new_tokens, **kwargs)
+    out = decoder.generate(prompt, generation_config=config)
     print(out.text)
     print(f"[{decoder.drafter.name}] {out.stats.summary()}", file=sys.stderr)
     _note_cut(out)
@@ -191,7 +217,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
         description="Run hf-greedy, hf-assisted, hf-prompt-lookup and the specheads methods interleaved over the "
         "prompts in one process; write report.json, report.md and speedup.png into --out.",
     )
-    parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
+    parser.add_argument("--base", required=True, help=BASE_HELP)
     parser.add_argument("--draft-model", help="draft model for draft-k* and hf-assisted ('default' with the default)")
     parser.add_argument(
         "--heads",
@@ -244,8 +270,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
         "--lookup-k", type=positive_int, default=10, help="tokens per prompt-lookup proposal (both sides)"
     )
     parser.add_argument("--methods", help="comma-separated subset of methods (hf-greedy always runs)")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: the idle cores)")
-    parser.add_argument("--device", help="cpu, cuda, ...")
+    _add_machine(parser)
     parser.add_argument("--out", required=True, help="output directory")
     parser.set_defaults(handler=_bench)
 
@@ -261,6 +286,7 @@ def _bench(args: argparse.Namespace) -> int:
         run_bench,
         write_report,
     )
+    from specheads.heads.loading import heads_for_comparison
     from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
     from specheads.machine import LoadMeter
     from specheads.prompts import load_prompts, prompts_file
@@ -288,7 +314,7 @@ def _bench(args: argparse.Namespace) -> int:
         draft = load_causal_lm(args.draft_model, device=base.device, role="draft")
     draft_ks = [int(k) for k in args.draft_k.split(",") if k.strip()]
     only = [m.strip() for m in args.methods.split(",")] if args.methods else None
-    heads, base, merged = _bench_heads(args.heads, base, args.base)
+    heads, base, merged = heads_for_comparison(args.heads, base, args.base)
     methods = build_methods(
         base, draft, draft_ks=draft_ks, lookup_k=args.lookup_k, only=only, heads=heads, trees=_tree_lists(args.trees)
     )
@@ -309,9 +335,9 @@ def _bench(args: argparse.Namespace) -> int:
         "command": "specheads " + " ".join(sys.argv[1:]),
         **report_rows(methods, batch_sizes, prompts),
     }
-    write_report(report, args.out)
+    written = write_report(report, args.out)
     print(markdown_table(report))
-    print(f"wrote {args.out}/report.json, report.md, speedup.png")
+    print(f"wrote {', '.join(f'{args.out}/{name}' for name in written)}")
     _warn_if_busy(during, "while the benchmark ran")
     return 0
 
@@ -326,31 +352,6 @@ def _tree_lists(values: list[str]) -> dict[str, list[str]]:
     return trees
 
 
-def _bench_heads(paths: list[str], base, base_name: str) -> tuple[list, object, bool]:  # noqa: ANN001 - a PreTrainedModel
-    """Load --heads onto the base; a single Medusa-2 checkpoint replaces the base by its merged fine-tuned model.
-
-    Rows are labelled by head type (``medusa``, ``eagle``), numbered when several checkpoints share one.
-    """
-    from specheads.heads.loading import ADAPTER_DIR, heads_for_decoding
-    from specheads.heads.registry import head_type_of
-    from specheads.inference.decoder import _heads_path
-
-    paths = [_heads_path(path, base_name) for path in paths]
-    with_adapter = [path for path in paths if (Path(path) / ADAPTER_DIR).is_dir()]
-    if with_adapter and len(paths) > 1:
-        raise ValueError(
-            f"{with_adapter[0]} holds a Medusa-2 LoRA adapter: its base is a different (merged) model; "
-            "bench it on its own, with a single --heads"
-        )
-    if with_adapter:
-        heads, merged = heads_for_decoding(paths[0], base)
-        return [("medusa2", heads)], merged, True
-    loaded = [heads_for_decoding(path, base)[0] for path in paths]
-    kinds = [head_type_of(heads).name for heads in loaded]
-    labels = [kind if kinds.count(kind) == 1 else f"{kind}{kinds[: i + 1].count(kind)}" for i, kind in enumerate(kinds)]
-    return list(zip(labels, loaded, strict=True)), base, False
-
-
 def _add_demo(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
@@ -362,7 +363,7 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--prompt-index", type=int, default=0, help="which shipped held-out prompt to complete")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: the idle cores)")
+    parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     parser.set_defaults(handler=_demo)
 
 
@@ -402,7 +403,7 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
         "With --heads or --draft-model the batches are decoded speculatively: at temperature 0 the file is the same, "
         "only faster; sampled records follow the same distribution but are other draws than without speculation.",
     )
-    parser.add_argument("--base", required=True, help="base model: local folder, hub id or 'default'")
+    parser.add_argument("--base", required=True, help=BASE_HELP)
     parser.add_argument(
         "--prompts",
         required=True,
@@ -410,30 +411,22 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
         "MT-Bench questions); a multi-turn record gives its first turn; conversations are rendered by the chat "
         "template as bench and generate render them",
     )
-    drafter = parser.add_mutually_exclusive_group()
-    drafter.add_argument(
-        "--heads",
-        help="speculate with these heads (Medusa or EAGLE checkpoint dir; 'default' with --base default: the shipped "
-        "EAGLE-3)",
-    )
-    drafter.add_argument("--draft-model", help="speculate with this draft model (sharing the base's tokenizer)")
-    parser.add_argument("--tree", help="speculation: the tree ('chain-K', a name, a JSON file, 'auto', 'dynamic')")
-    parser.add_argument(
-        "--num-speculative-tokens", type=positive_int, help="speculation: K drafted tokens per step (chains)"
+    _add_drafter(
+        parser,
+        heads_help="speculate with these heads (Medusa or EAGLE checkpoint dir; 'default' with --base default: the "
+        "shipped EAGLE-3)",
+        draft_help="speculate with this draft model (sharing the base's tokenizer)",
     )
     parser.add_argument("--out", required=True, help="output JSONL file (appended to when it exists)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
+    _add_sampling(parser)
     parser.add_argument(
         "--batch-size", type=int, default=8, help="prompts per generate call (left-padded without speculation)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds sampling, per record with its id")
     parser.add_argument("--limit", type=positive_int, help="use the first N prompts")
     parser.add_argument("--no-chat-template", action="store_true", help="give plain prompts to the base as they are")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: where the model loads)")
-    parser.add_argument("--threads", type=positive_int, help="torch CPU threads (default: the idle cores)")
+    _add_machine(parser)
     server = parser.add_argument_group(
         "serving engine",
         "generate through an OpenAI-compatible completions server instead of loading the base here (llama-server, "
@@ -520,11 +513,10 @@ def _distill_decoder(
 ) -> SpecDecoder:
     """A SpecDecoder on ``base`` itself with the drafter that --heads or --draft-model names."""
     from specheads import SpecDecoder
-    from specheads.heads.loading import ADAPTER_DIR
-    from specheads.inference.decoder import _heads_path
+    from specheads.heads.loading import ADAPTER_DIR, heads_path
 
     if args.heads is not None:
-        heads = Path(_heads_path(args.heads, args.base))
+        heads = Path(heads_path(args.heads, args.base))
         if (heads / ADAPTER_DIR).is_dir():
             raise ValueError(
                 f"{heads} are Medusa-2 heads: they decode the base with their LoRA adapter merged, so the data would "
@@ -565,8 +557,7 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-nodes", type=int, default=32, help="largest tree timed")
     parser.add_argument("--prompt-tokens", type=int, default=48, help="held-out prompt length for the timed decodes")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per timed decode")
-    parser.add_argument("--device", help="where to measure: cpu, cuda, cuda:1, ... (tree='auto' is per machine)")
-    parser.add_argument("--threads", type=positive_int)
+    _add_machine(parser, device_help="where to measure: cpu, cuda, cuda:1, ... (tree='auto' is per machine)")
     parser.set_defaults(handler=_calibrate)
 
 
@@ -610,12 +601,9 @@ def _calibration_data(args: argparse.Namespace):  # noqa: ANN202 - (base name, d
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
-    import torch
-
-    from specheads.heads import head_type_of, load_heads
-    from specheads.inference.calibrate import choose_tree, measure_draft_cost, measure_verify_cost
+    from specheads.heads import load_heads
+    from specheads.inference.calibrate import calibrate, write_calibration
     from specheads.loading import load_causal_lm
 
     _set_threads(args.threads)
@@ -627,130 +615,19 @@ def _calibrate(args: argparse.Namespace) -> int:
     base_name, dataset = _calibration_data(args)
     base = load_causal_lm(base_name, device=args.device)
     heads = load_heads(args.heads, base)
-    dataset = dataset.with_format("torch")
-    from specheads.training.trainer import collate_trimmed
-
-    loader = torch.utils.data.DataLoader(dataset, batch_size=8, collate_fn=collate_trimmed)
-    head_type = head_type_of(heads)
-    batches = min(args.batches, len(loader))
-    print(f"calibrate: agreement with the base's greedy token on {batches} held-out batches of 8 rows", flush=True)
-    agreement = head_type.evaluate_fn()(base, heads, _bar(loader, batches, "agreement"), max_batches=args.batches)
-    print("calibrate: timing the verify cost curve and a draft level", flush=True)
-    with torch.inference_mode():
-        step_ms = measure_verify_cost(base, sizes=(1, 2, 4, 8, 16, 32, 64))
-    depth_ms = measure_draft_cost(heads) if head_type.name == "eagle" else 0.0
-    best = choose_tree(agreement["agreement_by_rank"], step_ms, max_nodes=args.max_nodes, depth_ms=depth_ms)
-    record = _time_trees(args, base, heads, head_type, dataset, agreement)
-    record.update(
-        draft_ms_per_level=depth_ms,
-        expected_tau=best.expected_tau,
-        step_ms=best.step_ms,
-        expected_tokens_per_s=best.expected_tokens_per_s,
-        model_choice=best.choices,
-        verify_ms_by_query_tokens=step_ms,
-        agreement_by_rank=agreement["agreement_by_rank"],
-        candidates=best.candidates,
-        machine=_calibration_machine(base),
+    result = calibrate(
+        base,
+        heads,
+        dataset,
+        batches=args.batches,
+        max_nodes=args.max_nodes,
+        prompt_tokens=args.prompt_tokens,
+        new_tokens=args.new_tokens,
+        log=lambda line: print(f"calibrate: {line}", flush=True),
     )
-    (Path(args.heads) / "tree.json").write_text(json.dumps(record, indent=2) + "\n")
-    _print_calibration(args, record, best, step_ms, agreement)
+    path = write_calibration(args.heads, result.record)
+    print(result.summary(path))
     return 0
-
-
-def _bar(loader, total: int, desc: str):  # noqa: ANN001, ANN202 - a DataLoader in, batches out
-    from tqdm.auto import tqdm
-
-    return tqdm(loader, total=total, desc=desc, unit="batch", leave=False)
-
-
-def _time_trees(args: argparse.Namespace, base, heads, head_type, dataset, agreement) -> dict:  # noqa: ANN001
-    """Time the candidate trees (and EAGLE-2 dynamic ones) against plain decoding on held-out prompts."""
-    from specheads.inference.calibrate import candidate_trees, dynamic_parameters, measure_decoding
-    from specheads.inference.decoder import SpecDecoder
-    from specheads.inference.drafters import NoDrafter
-    from specheads.inference.trees import DynamicTree
-
-    statics = candidate_trees(agreement["agreement_by_rank"], args.max_nodes)
-    trees: list = [*statics]
-    if head_type.name == "eagle":
-        dynamics = list({tuple(dynamic_parameters(c).values()): dynamic_parameters(c) for c in statics}.values())
-        trees += [DynamicTree(**params) for params in dynamics]
-    prompts = [_calibration_prompt(row, args.prompt_tokens) for row in dataset.select(range(min(4, len(dataset))))]
-    print(f"calibrate: timing {len(trees)} trees and plain decoding on {len(prompts)} held-out prompts", flush=True)
-    decoder = SpecDecoder(base, head_type.make_drafter(heads))
-    plain = SpecDecoder(base, NoDrafter())
-    timed = measure_decoding(decoder, prompts, trees, max_new_tokens=args.new_tokens, plain=plain, progress=True)
-    measured = [
-        {
-            "tree": tree if isinstance(tree, list) else vars(tree),
-            "nodes": len(tree) if isinstance(tree, list) else tree.total_tokens,
-            **result,
-        }
-        for tree, result in zip(trees, timed, strict=False)
-    ]
-    static_best = max(measured[: len(statics)], key=lambda row: row["tokens_per_s"])
-    dynamic_rows = measured[len(statics) :]
-    plain_rate = timed[-1]["tokens_per_s"]
-    best_rate = max(row["tokens_per_s"] for row in measured)
-    return {
-        "choices": static_best["tree"],
-        **({"dynamic": max(dynamic_rows, key=lambda row: row["tokens_per_s"])["tree"]} if dynamic_rows else {}),
-        "measured": measured,
-        "plain_tokens_per_s": plain_rate,
-        "best_speedup_over_plain": best_rate / plain_rate,
-    }
-
-
-def _calibration_prompt(row: dict, prompt_tokens: int):  # noqa: ANN202 - a [1, T] LongTensor
-    """A held-out row cut to ``prompt_tokens`` tokens, or for a chat (targets start later) up to its first assistant
-    target when that comes first, so that the timed decode writes an answer as in use."""
-    ids, targets = row["input_ids"], row["loss_mask"]
-    first_target = int(targets.nonzero()[0]) if targets.any() else 0
-    length = min(prompt_tokens, first_target) if first_target > 0 else prompt_tokens
-    return ids[None, : max(1, min(length, int(row["attention_mask"].sum())))]
-
-
-def _calibration_machine(base) -> dict:  # noqa: ANN001 - a PreTrainedModel
-    import platform
-
-    import torch
-
-    return {
-        "processor": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "device": str(base.get_output_embeddings().weight.device),
-    }
-
-
-def _print_calibration(args: argparse.Namespace, record: dict, best, step_ms: dict, agreement: dict) -> None:  # noqa: ANN001
-    from pathlib import Path
-
-    print("verify cost (ms by query tokens): " + ", ".join(f"{q}: {ms:.1f}" for q, ms in step_ms.items()))
-    print(
-        "head agreement with the base's greedy token (rank 0): "
-        + ", ".join(f"{row[0]:.3f}" for row in agreement["agreement_by_rank"])
-    )
-    print(
-        f"cost model: {len(best.choices)} nodes, expected tau {best.expected_tau:.2f}, "
-        f"{best.step_ms:.1f} ms/step, expected {best.expected_tokens_per_s:.0f} tokens/s"
-    )
-    for row in record["measured"]:
-        print(f"  measured {row['tree']}: {row['tokens_per_s']:.0f} tokens/s, tau {row['tau']:.2f}")
-    print(f"  measured plain decoding: {record['plain_tokens_per_s']:.0f} tokens/s")
-    static_rate = max(row["tokens_per_s"] for row in record["measured"] if isinstance(row["tree"], list))
-    print(
-        f"best static tree (tree='auto'): {len(record['choices'])} nodes, {static_rate:.0f} "
-        f"tokens/s measured; written to {Path(args.heads) / 'tree.json'}"
-    )
-    if "dynamic" in record:
-        level = record["draft_ms_per_level"]
-        print(f"EAGLE-2 dynamic tree for this machine: {record['dynamic']} (draft level {level:.2f} ms)")
-    if record["best_speedup_over_plain"] < 1.0:
-        print(
-            f"warning: no tree beats plain decoding on this machine (best {record['best_speedup_over_plain']:.2f}x of "
-            f"plain's {record['plain_tokens_per_s']:.0f} tokens/s): these heads do not pay here yet; train them "
-            "longer or decode without them"
-        )
 
 
 def _add_export(subparsers: argparse._SubParsersAction) -> None:
@@ -811,13 +688,12 @@ def _export(args: argparse.Namespace) -> int:
     if missing:
         raise ValueError(f"export needs {', '.join(missing)} (or --check DIR)")
     from specheads.heads import load_heads
-    from specheads.heads.loading import ADAPTER_DIR
-    from specheads.inference.decoder import _heads_path
+    from specheads.heads.loading import ADAPTER_DIR, heads_path
     from specheads.loading import load_causal_lm
 
     if args.heads == "default" and args.base is None:
         raise ValueError("--heads default are the heads shipped for --base (default, or a named base)")
-    heads_dir = Path(_heads_path(args.heads, args.base))
+    heads_dir = Path(heads_path(args.heads, args.base))
     base = load_causal_lm(args.base) if args.base else None
     heads = load_heads(heads_dir, base)
     base_name = None
@@ -897,9 +773,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.handler(args)
+    except ModuleNotFoundError as error:
+        extra = _EXTRAS.get((error.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"specheads {args.command}: error: {error.name} is not installed; this command needs the {extra} extra: "
+            f"pip install 'specheads[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
     except (ValueError, FileNotFoundError, NotImplementedError) as error:
         print(f"specheads {args.command}: error: {error}", file=sys.stderr)
         return 2
+
+
+# Optional dependencies and the extra (pyproject.toml) that installs each.
+_EXTRAS = {
+    "accelerate": "train",
+    "datasets": "train",
+    "peft": "train",
+    "wandb": "train",
+    "matplotlib": "plot",
+    "gguf": "gguf",
+}
 
 
 if __name__ == "__main__":

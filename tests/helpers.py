@@ -6,6 +6,8 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from specheads.inference.drafters import Drafter
+
 ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")
 
 
@@ -61,19 +63,8 @@ def greedy_reference(model: PreTrainedModel, prompt: torch.Tensor, max_new_token
     )
 
 
-class _StubDrafter:
-    """The parts of the drafter protocol that test drafters do not need."""
-
-    hidden_state_layers: tuple[int, ...] = ()
-
-    def check_request(self, request) -> None:
-        return None
-
-    def reset(self, state) -> None:
-        return None
-
-    def accepted(self, state, num_accepted) -> None:
-        return None
+class _StubDrafter(Drafter):
+    """Test drafters: the base class declares every hook they do not need."""
 
 
 class OracleTreeDrafter(_StubDrafter):
@@ -140,7 +131,8 @@ class RandomTreeDrafter(_StubDrafter):
             if children:
                 picks = torch.randperm(self.vocab_size, generator=self.generator)[: len(children)]
                 tokens[torch.tensor(children) - 1] = picks
-        return Proposal(tokens=tokens[None], tree=tree, draft_probs=None)
+        # The same candidates for every row: each row's output is the base's distribution whatever was proposed.
+        return Proposal(tokens=tokens[None].expand(state.batch_size, -1), tree=tree, draft_probs=None)
 
 
 def tiny_tokenizer(vocab_size: int = 96):

@@ -410,3 +410,39 @@ def test_output_cut_by_the_position_limit_is_reported(model_dirs, capsys) -> Non
     assert "at the model's position limit (256 tokens with the prompt)" in capsys.readouterr().err
     assert main(["generate", "--base", base, "--max-new-tokens", "3", "def f(x):"]) == 0
     assert "position limit" not in capsys.readouterr().err
+
+
+def test_acceptance_choices_are_the_rules_and_a_bad_one_is_a_usage_error(capsys) -> None:
+    from specheads.cli import ACCEPTANCE_CHOICES
+    from specheads.inference.acceptance import ACCEPTANCE_RULES
+
+    assert ("auto", *ACCEPTANCE_RULES) == ACCEPTANCE_CHOICES
+    with pytest.raises(SystemExit):
+        main(["generate", "x", "--base", "default", "--acceptance", "magic"])
+    assert "invalid choice: 'magic'" in capsys.readouterr().err
+
+
+def test_a_missing_optional_dependency_names_its_extra(monkeypatch, capsys) -> None:
+    """A command whose extra is not installed says which `pip install 'specheads[...]'` it needs."""
+    import specheads.cli as cli
+
+    def needs_accelerate(args):  # noqa: ANN001, ANN202
+        raise ModuleNotFoundError("No module named 'accelerate'", name="accelerate")
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["train", "--config", "x.yaml"])
+    monkeypatch.setattr(cli, "build_parser", lambda: _Fixed(parser, args))
+    args.handler = needs_accelerate
+    assert cli.main(["train"]) == 2
+    assert "pip install 'specheads[train]'" in capsys.readouterr().err
+
+
+class _Fixed:
+    def __init__(self, parser, args) -> None:  # noqa: ANN001
+        self.parser, self.args = parser, args
+
+    def parse_args(self, argv):  # noqa: ANN001, ANN201
+        return self.args
+
+    def print_help(self) -> None:
+        self.parser.print_help()

@@ -17,34 +17,59 @@ import json
 import shutil
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from specheads.export.check import PICKLE_SUFFIXES, CheckReport, check_export, detect_format
-from specheads.export.layouts import (
-    CONFIG_NAME,
-    EAGLE_WEIGHTS,
-    MEDUSA_WEIGHTS,
-    SPECULATORS_VERSION,
-    rename,
-    sglang_layer_ids,
-    swap_prefix,
-    vllm_layer_ids,
-)
+from specheads.export.layouts import CONFIG_NAME, SAFETENSORS_WEIGHTS
 from specheads.heads.checkpoint import HeadCheckpointError, base_model_info, check_base
-from specheads.heads.eagle import EagleConfig, EagleHead, default_layer_ids
-from specheads.heads.medusa import MedusaConfig, MedusaHeads
-from specheads.loading import vocab_size
+from specheads.methods.registry import export_formats, method_of_format
 
-FORMATS = ("eagle3", "speculators", "eagle", "medusa", "gguf")
+FORMATS = export_formats()  # every method's formats (the registry's ``formats``)
 METADATA_KEY = "specheads_base_model"  # safetensors metadata: specheads' record of the base (engines ignore it)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One engine layout a method writes (its ``export.py`` lists them; its registry entry names that list).
+
+    Attributes:
+        name: the ``--format`` name.
+        weights: the safetensors file of a folder layout ("" for a format with its own ``export``).
+        write: ``write(heads, base, base_name, engines, steps) -> (config, tensors, serve commands, notes)`` of a
+            folder layout; :func:`export_heads` casts, writes, checks and renames the folder.
+        export: ``export(heads, out, base, base_name, steps, dtype, target) -> ExportResult``, for a format that is
+            not a folder of config + safetensors (one GGUF file).
+        read: ``read(config, tensors, base, where) -> heads``: native heads from a folder of this layout.
+        check: ``check(config, tensors, report)``: replay the engines' loading rules into ``report``.
+        detect: ``detect(config, tensor_names) -> bool``: a folder's config (and tensor names when the config is
+            silent, None before they are read) is this layout.
+    """
+
+    name: str
+    weights: str
+    write: Callable[..., tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, str], list[str]]] | None = None
+    export: Callable[..., ExportResult] | None = None
+    read: Callable[..., torch.nn.Module] | None = None
+    check: Callable[[dict[str, Any], dict[str, torch.Tensor], CheckReport], None] | None = None
+    detect: Callable[[dict[str, Any], set[str] | None], bool] | None = None
+
+
+def export_format(format: str) -> ExportFormat:
+    """The :class:`ExportFormat` named ``format``, from the registry entry of the method that writes it.
+
+    Raises:
+        ValueError: no method writes ``format``.
+    """
+    return method_of_format(format).export_formats()[format]
 
 
 @dataclass
@@ -101,10 +126,9 @@ def export_heads(
         ValueError: unknown format, heads of the wrong type for it, a base the format needs is missing, ``out``
             exists and is not empty, or an engine was asked for that cannot serve the heads.
     """
-    if format not in FORMATS:
-        raise ValueError(f"unknown export format {format!r}; choose one of {list(FORMATS)}")
-    if format == "gguf":
-        return _export_gguf(heads, out, base_model, base_name, num_speculative_tokens, dtype, target_gguf)
+    spec = export_format(format)  # an unknown format is refused here
+    if spec.export is not None:
+        return spec.export(heads, out, base_model, base_name, num_speculative_tokens, dtype, target_gguf)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out} exists and is not an empty directory; refusing to overwrite it (nothing was written)")
@@ -114,8 +138,7 @@ def export_heads(
     name = name or heads.config.base_model.get("name_or_path", "") or ""
     if name and Path(name).expanduser().exists():  # a local folder: absolute, or engines read it as a hub id
         name = str(Path(name).expanduser().resolve())
-    writer = {"eagle3": _eagle3, "speculators": _speculators, "eagle": _eagle1, "medusa": _medusa}[format]
-    config, tensors, serve, notes = writer(heads, base_model, name, engines, num_speculative_tokens)
+    config, tensors, serve, notes = spec.write(heads, base_model, name, engines, num_speculative_tokens)
     cast = DTYPES[dtype] if isinstance(dtype, str) else dtype
     if isinstance(dtype, str) and dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}")
@@ -130,7 +153,7 @@ def export_heads(
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
-        save_file(tensors, str(staging / (MEDUSA_WEIGHTS if format == "medusa" else EAGLE_WEIGHTS)), metadata=metadata)
+        save_file(tensors, str(staging / spec.weights), metadata=metadata)
         (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         report = check_export(staging, format)
         if not report.ok:
@@ -150,41 +173,18 @@ def export_heads(
     return ExportResult(out, format, report, commands, notes)
 
 
-def _export_gguf(heads, out, base, base_name, steps, dtype, target_gguf):  # noqa: ANN001, ANN202
-    from specheads.export import llamacpp
+def check_heads(heads: torch.nn.Module, format: str, kind: type, version: int | None = None) -> None:
+    """Refuse heads that ``format`` does not hold: another class, or another ``version`` of it.
 
-    _check_heads(heads, "gguf", EagleHead, 3)
-    out = Path(out)
-    if out.suffix != ".gguf":
-        raise ValueError(f"the gguf format writes one file: --out must end in .gguf, got {out}")
-    if base is not None:
-        heads.attach_base(base)
-    dtype = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
-    if target_gguf is not None:
-        target = llamacpp.read_target_gguf(target_gguf)
-    else:
-        folder = base_name or (getattr(base.config, "_name_or_path", "") if base is not None else "")
-        if not folder or not Path(folder).is_dir():
-            raise ValueError(
-                "the gguf format needs the target's tokenizer: pass the base's GGUF file (--target-gguf) or a base "
-                "folder with its tokenizer (--base)"
-            )
-        target = llamacpp.target_vocab_from_tokenizer(folder, heads.config.vocab_size)
-    steps = _speculative_tokens(heads, steps)
-    config, tensors, _, notes = _eagle3(heads, base, base_name or "", None, steps)
-    report = llamacpp.write_gguf_draft(config, tensors, out, target, dtype)
-    base_gguf = str(Path(target_gguf).resolve()) if target_gguf is not None else "<base.gguf>"
-    commands = {"llama.cpp": llamacpp.llama_server_command(base_gguf, str(out.resolve()), steps)}
-    notes = [n for n in notes if not n.startswith(("sglang", "vllm"))]
-    notes.append(f"tokenizer from {target.source}; llama.cpp drafts and verifies chains (draft length {steps})")
-    return ExportResult(out, "gguf", report, commands, notes)
-
-
-def _check_heads(heads: torch.nn.Module, format: str, kind: type, version: int | None = None) -> None:
-    if not isinstance(heads, kind) or (version is not None and heads.config.version != version):
-        have = f"EAGLE-{heads.config.version}" if isinstance(heads, EagleHead) else type(heads).__name__
-        want = {"eagle": "EAGLE-1", "medusa": "Medusa"}.get(format, "EAGLE-3")
-        raise ValueError(f"the {format} format holds {want} heads; these are {have} heads")
+    Classes name themselves by ``family`` (``EAGLE``, ``Medusa``) and, when versioned, ``family-version``.
+    """
+    if isinstance(heads, kind) and (version is None or heads.config.version == version):
+        return
+    want = kind.family if version is None else f"{kind.family}-{version}"
+    config_version = getattr(getattr(heads, "config", None), "version", None)
+    family = getattr(heads, "family", None)
+    have = f"{family}-{config_version}" if family and config_version is not None else type(heads).__name__
+    raise ValueError(f"the {format} format holds {want} heads; these are {have} heads")
 
 
 def _engines(wanted: list[str] | None, possible: dict[str, str], format: str) -> list[str]:
@@ -199,20 +199,6 @@ def _engines(wanted: list[str] | None, possible: dict[str, str], format: str) ->
     return list(wanted)
 
 
-def _draft_layer_config(head: EagleHead, architectures: list[str] | None) -> dict[str, Any]:
-    """The Llama config of the draft layer, with ``rope_theta`` mirrored for readers of the older field."""
-    config = head.config.llama_config().to_dict()
-    for key in ("_name_or_path", "transformers_version", "id2label", "label2id", "dtype", "output_attentions"):
-        config.pop(key, None)
-    config["architectures"] = architectures
-    config["tie_word_embeddings"] = False
-    rope = dict(head.config.rope_parameters)
-    config["rope_theta"] = rope.get("rope_theta")
-    if rope.get("rope_type", "default") != "default":
-        config["rope_scaling"] = rope
-    return config
-
-
 def _speculative_tokens(heads: torch.nn.Module, requested: int | None) -> int:
     if requested is not None:
         if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
@@ -220,14 +206,6 @@ def _speculative_tokens(heads: torch.nn.Module, requested: int | None) -> int:
         return requested
     dynamic = getattr(heads, "calibrated_dynamic", None) or {}
     return int(dynamic.get("depth", 3))
-
-
-def _sglang_tree(heads: EagleHead, steps: int) -> str:
-    dynamic = heads.calibrated_dynamic or {"top_k": 4, "depth": steps, "total_tokens": 8}
-    return (
-        f"--speculative-num-steps {dynamic['depth']} --speculative-eagle-topk {dynamic['top_k']} "
-        f"--speculative-num-draft-tokens {dynamic['total_tokens']}"
-    )
 
 
 def _vllm_command(base: str, method: str, steps: int) -> str:
@@ -244,204 +222,6 @@ def _llamacpp_command(base: str, steps: int) -> str:
     )
 
 
-def _engine_layer_order(head: EagleHead, format: str) -> tuple[list[int], dict[str, torch.Tensor]]:
-    """The feature layers in the order engines concatenate them (ascending, each once), with fc's columns to match.
-
-    vLLM and SGLang capture each listed layer once and concatenate in layer order whatever order the config gives.
-    """
-    ids = list(head.config.layer_ids)
-    if len(set(ids)) != len(ids):
-        raise ValueError(
-            f"layer_ids {ids} repeat a layer; vLLM and SGLang capture each layer once, so fc would get fewer features "
-            f"than it reads: the {format} format needs distinct layer_ids (train with heads.layer_ids=[a, b, c])"
-        )
-    order = sorted(range(len(ids)), key=lambda i: ids[i])
-    state = head.state_dict()
-    hidden = head.config.hidden_size
-    blocks = state["fc.weight"].split(hidden, dim=1)
-    state["fc.weight"] = torch.cat([blocks[i] for i in order], dim=1)
-    return [ids[i] for i in order], state
-
-
-def _eagle3_tensors(head: EagleHead, format: str) -> tuple[list[int], dict[str, torch.Tensor]]:
-    ids, state = _engine_layer_order(head, format)
-    if "fc.bias" in state:
-        if bool(state["fc.bias"].abs().max() > 0):
-            raise ValueError(
-                f"this EAGLE-3 head has a non-zero fc bias; the engines' EAGLE-3 fc has none (vLLM drops it "
-                f"silently), so the {format} format cannot carry it: train with heads.fc_bias=false"
-            )
-        del state["fc.bias"]
-    return ids, state
-
-
-def _eagle3(head, base, name, engines, steps):  # noqa: ANN001, ANN202 (one of four writers with one signature)
-    _check_heads(head, "eagle3", EagleHead, 3)
-    steps = _speculative_tokens(head, steps)
-    ids, tensors = _eagle3_tensors(head, "eagle3")
-    possible = {"vllm": "", "sglang": ""}
-    if min(ids) < 1:
-        possible["sglang"] = f"layer_ids {ids} read the embeddings (hidden_states[0]), which SGLang cannot capture"
-    elif head.config.norm_before_residual:
-        possible["sglang"] = "norm_before_residual heads: SGLang's EAGLE-3 layer has no such variant"
-    serve = _engines(engines, possible, "eagle3")
-    config = _draft_layer_config(head, ["LlamaForCausalLMEagle3"] if "sglang" in serve else ["Eagle3LlamaForCausalLM"])
-    config.update(
-        draft_vocab_size=head.config.draft_vocab_size,
-        target_hidden_size=head.config.hidden_size,
-        eagle_aux_hidden_state_layer_ids=ids,
-        norm_before_residual=head.config.norm_before_residual,
-        bias=False,
-        eagle_config={"use_aux_hidden_state": True},
-    )
-    if "sglang" in serve:
-        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = sglang_layer_ids(ids)
-    commands = {"vllm": _vllm_command(name, "eagle3", steps)}
-    if len(ids) == 3:
-        commands["llama.cpp"] = _llamacpp_command(name, steps)
-    if "sglang" in serve:
-        commands["sglang"] = (
-            f"python -m sglang.launch_server --model-path {name or '<base>'} --speculative-algorithm EAGLE3 "
-            f"--speculative-draft-model-path {{out}} {_sglang_tree(head, steps)}"
-        )
-    notes = [f"{e} not served: {possible[e]}" for e in possible if possible[e]]
-    notes.append(
-        f"feature layers: hidden_states {ids} (vLLM ids, top-level eagle_aux_hidden_state_layer_ids)"
-        + (f" = SGLang ids {sglang_layer_ids(ids)} (eagle_config)" if "sglang" in serve else "")
-    )
-    return config, tensors, commands, notes
-
-
-def _speculators(head, base, name, engines, steps):  # noqa: ANN001, ANN202
-    _check_heads(head, "speculators", EagleHead, 3)
-    if base is None:
-        raise ValueError(
-            "the speculators format needs the base (--base): it writes the base's embed_tokens, which speculators "
-            "does not fill in itself, and names the verifier"
-        )
-    _engines(engines, {"vllm": "", "speculators": ""}, "speculators")
-    steps = _speculative_tokens(head, steps)
-    ids, state = _eagle3_tensors(head, "speculators")
-    layer = _draft_layer_config(head, ["LlamaForCausalLM"])
-    config = {
-        "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION,
-        "architectures": ["Eagle3DraftModel"],
-        "transformer_layer_config": layer,
-        "draft_vocab_size": head.config.draft_vocab_size,
-        "norm_before_residual": head.config.norm_before_residual,
-        "target_hidden_size": head.config.hidden_size,
-        "eagle_aux_hidden_state_layer_ids": ids,
-        "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
-        "embed_requires_grad": False,
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": steps,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "default_proposal_method": "greedy",
-            "verifier": {
-                "name_or_path": name or None,
-                "architectures": list(base.config.architectures or [type(base).__name__]),
-            },
-        },
-    }
-    tensors = rename(state, swap_prefix("midlayer.", "layers.0."))
-    tensors["embed_tokens.weight"] = base.get_input_embeddings().weight
-    commands = {"vllm": _vllm_command(name, "eagle3", steps)}
-    if len(ids) == 3:
-        commands["llama.cpp"] = _llamacpp_command(name, steps)
-    notes = ["load in Python with speculators: SpeculatorModel.from_pretrained(out) (the verifier path must load)"]
-    return config, tensors, commands, notes
-
-
-def _eagle1(head, base, name, engines, steps):  # noqa: ANN001, ANN202
-    _check_heads(head, "eagle", EagleHead, 1)
-    steps = _speculative_tokens(head, steps)
-    bias = head.fc.bias
-    nonzero = bias is not None and bool(bias.abs().max() > 0)
-    possible = {
-        "sglang": "",
-        "vllm": "the head's fc has a non-zero bias and vLLM's EAGLE-1 fc has none (it drops fc.bias silently); "
-        "train with heads.fc_bias=false to serve on vLLM"
-        if nonzero
-        else "",
-    }
-    serve = _engines(engines, possible, "eagle")
-    architectures = (["LlamaForCausalLMEagle"] if "sglang" in serve else []) + (
-        ["EagleLlamaForCausalLM"] if "vllm" in serve else []
-    )
-    # No "bias" field: the official repo then defaults fc's bias on and SGLang always has it, while vLLM and SGLang
-    # read "bias": true as an attention bias too (uninitialised in vLLM). fc.bias is written, as zeros if none.
-    config = _draft_layer_config(head, architectures)
-    tensors = rename(head.state_dict(), swap_prefix("midlayer.", "layers.0."))
-    if "fc.bias" not in tensors:
-        tensors["fc.bias"] = torch.zeros(head.config.hidden_size, dtype=head.fc.weight.dtype)
-    commands = {}
-    if "sglang" in serve:
-        commands["sglang"] = (
-            f"python -m sglang.launch_server --model-path {name or '<base>'} --speculative-algorithm EAGLE "
-            f"--speculative-draft-model-path {{out}} {_sglang_tree(head, steps)}"
-        )
-    if "vllm" in serve:
-        commands["vllm"] = _vllm_command(name, "eagle", steps)
-    notes = [f"{e} not served: {possible[e]}" for e in possible if possible[e]]
-    return config, tensors, commands, notes
-
-
-def _medusa(heads, base, name, engines, steps):  # noqa: ANN001, ANN202
-    _check_heads(heads, "medusa", MedusaHeads)
-    config_h = heads.config
-    layers = config_h.num_layers
-    tensors = {}
-    for head, blocks in enumerate(heads.blocks):
-        for layer, block in enumerate(blocks):
-            tensors[f"{head}.{layer}.linear.weight"] = block.linear.weight
-            tensors[f"{head}.{layer}.linear.bias"] = block.linear.bias
-    notes = []
-    if heads.lm_heads is not None:
-        for head, lm_head in enumerate(heads.lm_heads):
-            tensors[f"{head}.{layers}.weight"] = lm_head.weight
-    elif base is not None:  # every reader then loads it as Medusa-1, each head with a copy of the base's lm_head
-        for head in range(config_h.num_heads):
-            tensors[f"{head}.{layers}.weight"] = base.get_output_embeddings().weight.detach().clone()
-        notes.append("shared lm_head written as per-head copies of the base's (Medusa-1 layout, every reader)")
-    else:
-        notes.append("shared lm_head layout (no --base): TGI's MedusaHeadV2 and FasterDecoding's legacy model only")
-    own = f"0.{layers}.weight" in tensors
-    possible = {
-        "tgi": "" if own or layers == 1 else "TGI reads shared-lm_head heads only with one layer per head",
-        "tensorrt-llm": "" if own else "TensorRT-LLM reads only heads with their own lm_head (pass --base)",
-        "fasterdecoding": "",
-    }
-    serve = _engines(engines, possible, "medusa")
-    config = {
-        "medusa_num_heads": config_h.num_heads,
-        "medusa_num_layers": layers,
-        "base_model_name_or_path": name,
-        "hidden_size": config_h.hidden_size,
-        "vocab_size": config_h.vocab_size,
-    }
-    commands = {}
-    if "tgi" in serve:
-        commands["tgi"] = f"text-generation-launcher --model-id {{out}}  (base from base_model_name_or_path: {name})"
-    if "tensorrt-llm" in serve:
-        commands["tensorrt-llm"] = (
-            f"python examples/medusa/convert_checkpoint.py --model_dir {name or '<base>'} --medusa_model_dir {{out}} "
-            f"--num_medusa_heads {config_h.num_heads} --output_dir <trt-ckpt>"
-        )
-    commands["fasterdecoding"] = "python -m medusa.inference.cli --model {out}"
-    notes += [f"{e} not served: {possible[e]}" for e in possible if possible[e]]
-    return config, tensors, commands, notes
-
-
 # ================================================================================================ import
 def foreign_format(directory: str | Path) -> str | None:
     """The layout of a head directory: ``"native"``, one of :data:`FORMATS`, or None when it is none of them."""
@@ -453,7 +233,7 @@ def foreign_format(directory: str | Path) -> str | None:
     if not isinstance(config, dict):
         return None
     names = None
-    weights = Path(directory) / EAGLE_WEIGHTS
+    weights = Path(directory) / SAFETENSORS_WEIGHTS  # a layout whose config is silent names itself by its tensors
     if weights.is_file():
         try:
             with safe_open(str(weights), "pt") as handle:
@@ -473,14 +253,11 @@ def import_heads(directory: str | Path, base_model: PreTrainedModel | None, form
             "(load_heads(dir, base_model)) so that every shape can be checked against it"
         )
     config = json.loads((directory / CONFIG_NAME).read_text())
-    weights_name = MEDUSA_WEIGHTS if format == "medusa" else EAGLE_WEIGHTS
-    tensors, metadata = _read_tensors(directory, weights_name)
+    spec = export_format(format)
+    tensors, metadata = _read_tensors(directory, spec.weights)
     recorded = json.loads(metadata[METADATA_KEY]) if METADATA_KEY in metadata else None
     try:
-        if format == "medusa":
-            heads = _import_medusa(config, tensors, base_model, where)
-        else:
-            heads = _import_eagle(config, tensors, base_model, where, format)
+        heads = spec.read(config, tensors, base_model, where)
     except (KeyError, TypeError, ValueError) as error:
         if isinstance(error, HeadCheckpointError):
             raise
@@ -520,139 +297,3 @@ def _read_tensors(directory: Path, weights_name: str) -> tuple[dict[str, torch.T
 
 def _shape_error(where: str, what: str, theirs: Any, base: Any) -> HeadCheckpointError:
     return HeadCheckpointError(f"{where} was made for another base: {what} is {theirs} there but {base} for this base")
-
-
-def _import_eagle(
-    config: dict[str, Any], tensors: dict[str, torch.Tensor], base: PreTrainedModel, where: str, format: str
-) -> EagleHead:
-    version = 1 if format == "eagle" else 3
-    if format == "speculators":
-        if config.get("speculators_model_type") != "eagle3":
-            raise HeadCheckpointError(
-                f"{where}: speculators model type {config.get('speculators_model_type')!r}; specheads imports eagle3"
-            )
-        layer = dict(config["transformer_layer_config"])
-        if layer.get("model_type") != "llama":
-            raise HeadCheckpointError(
-                f"{where}: a {layer.get('model_type')} draft layer (q/k norms); specheads' EAGLE-3 layer is Llama-style"
-            )
-        for flag in ("norm_before_fc", "fc_norm", "norm_output"):
-            if config.get(flag):
-                raise HeadCheckpointError(f"{where}: {flag}=true drafts are not supported by specheads")
-        ids = config.get("eagle_aux_hidden_state_layer_ids")
-        draft_vocab = config.get("draft_vocab_size") or layer["vocab_size"]
-        norm_before_residual = bool(config.get("norm_before_residual", False))
-    else:
-        layer = config
-        eagle_config = config.get("eagle_config") or {}
-        ids = config.get("eagle_aux_hidden_state_layer_ids")
-        if ids is None and eagle_config.get("eagle_aux_hidden_state_layer_ids") is not None:
-            ids = vllm_layer_ids(list(eagle_config["eagle_aux_hidden_state_layer_ids"]))  # SGLang's convention
-        draft_vocab = config.get("draft_vocab_size") or layer["vocab_size"]
-        norm_before_residual = bool(config.get("norm_before_residual", False))
-        for flag in ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output"):
-            if config.get(flag) or eagle_config.get(flag):
-                raise HeadCheckpointError(f"{where}: {flag}=true drafts are not supported by specheads")
-    if int(layer.get("num_hidden_layers", 1)) != 1 or any(n.startswith("layers.1.") for n in tensors):
-        raise HeadCheckpointError(f"{where}: drafts with more than one layer are not supported by specheads")
-    llama = LlamaConfig.from_dict({k: v for k, v in layer.items() if k not in ("architectures", "auto_map")})
-    num_layers = int(base.config.num_hidden_layers)
-    hidden = int(base.get_output_embeddings().weight.shape[1])
-    vocab = vocab_size(base)
-    if llama.hidden_size != hidden:
-        raise _shape_error(where, "the hidden size", llama.hidden_size, hidden)
-    if llama.vocab_size != vocab:
-        raise _shape_error(where, "the vocabulary size", llama.vocab_size, vocab)
-    if version == 1:
-        ids = [num_layers]
-    elif ids is None:
-        ids = default_layer_ids(num_layers)
-    else:  # engines concatenate the features in layer order, whatever order the config lists them in
-        ids = sorted(ids)
-    tensors = rename(tensors, swap_prefix("layers.0.", "midlayer."))
-    embedding = tensors.pop("embed_tokens.weight", None)
-    if embedding is not None:
-        own = base.get_input_embeddings().weight.detach().float().cpu()
-        if tuple(embedding.shape) != tuple(own.shape) or not torch.allclose(
-            embedding.float(), own, atol=1e-2, rtol=1e-2
-        ):
-            raise HeadCheckpointError(
-                f"{where} carries an embed_tokens that differs from this base's; specheads heads read the base's "
-                "embedding, so these heads belong to another base (or were trained with their own embedding)"
-            )
-    fc_bias = "fc.bias" in tensors
-    reduced = int(draft_vocab) != vocab
-    if reduced:
-        tensors.update(_draft_map(tensors, vocab, int(draft_vocab), where))
-    else:
-        tensors.pop("d2t", None), tensors.pop("t2d", None)
-    try:
-        eagle_config = EagleConfig(
-            version=version,
-            hidden_size=hidden,
-            vocab_size=vocab,
-            draft_vocab_size=int(draft_vocab),
-            num_attention_heads=llama.num_attention_heads,
-            num_key_value_heads=llama.num_key_value_heads or llama.num_attention_heads,
-            head_dim=getattr(llama, "head_dim", None) or hidden // llama.num_attention_heads,
-            intermediate_size=llama.intermediate_size,
-            rms_norm_eps=float(llama.rms_norm_eps),
-            rope_parameters=dict(llama.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0}),
-            max_position_embeddings=int(llama.max_position_embeddings),
-            layer_ids=list(ids),
-            fc_bias=fc_bias,
-            norm_before_residual=norm_before_residual,
-            base_model={"num_hidden_layers": num_layers},
-        )
-    except ValueError as error:
-        raise HeadCheckpointError(f"{where}: {error} (for this base, {num_layers} layers)") from error
-    return EagleHead.from_checkpoint(asdict(eagle_config), tensors, where)
-
-
-def _draft_map(tensors: dict[str, torch.Tensor], vocab: int, draft_vocab: int, where: str) -> dict[str, torch.Tensor]:
-    """``d2t`` and ``t2d`` from whichever of the two the checkpoint has (ModelOpt writes no t2d)."""
-    d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
-    if d2t is None and t2d is None:
-        raise HeadCheckpointError(f"{where}: a reduced draft vocabulary ({draft_vocab} of {vocab}) without d2t or t2d")
-    if d2t is None:
-        if t2d.numel() != vocab:
-            raise _shape_error(where, "t2d's length", t2d.numel(), vocab)
-        targets = t2d.bool().nonzero().flatten()
-        d2t = targets - torch.arange(targets.numel())
-    d2t = d2t.long()
-    targets = torch.arange(d2t.numel()) + d2t
-    if d2t.numel() != draft_vocab or int(targets.min()) < 0 or int(targets.max()) >= vocab:
-        raise HeadCheckpointError(f"{where}: d2t does not map {draft_vocab} draft ids into a vocabulary of {vocab}")
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[targets] = True
-    return {"d2t": d2t, "t2d": t2d}
-
-
-def _import_medusa(
-    config: dict[str, Any], tensors: dict[str, torch.Tensor], base: PreTrainedModel, where: str
-) -> MedusaHeads:
-    heads, layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
-    hidden = int(base.get_output_embeddings().weight.shape[1])
-    vocab = vocab_size(base)
-    first = tensors.get("0.0.linear.weight")
-    if first is None:
-        raise HeadCheckpointError(f"{where}: no 0.0.linear.weight; not a Medusa head file")
-    if tuple(first.shape) != (hidden, hidden):
-        raise _shape_error(where, "the hidden size", int(first.shape[1]), hidden)
-    own = f"0.{layers}.weight" in tensors
-    native = {}
-    for head in range(heads):
-        for layer in range(layers):
-            for kind in ("weight", "bias"):
-                native[f"blocks.{head}.{layer}.linear.{kind}"] = tensors.pop(f"{head}.{layer}.linear.{kind}")
-        if own:
-            lm_head = tensors.pop(f"{head}.{layers}.weight")
-            if tuple(lm_head.shape) != (vocab, hidden):
-                raise _shape_error(where, f"head {head}'s lm_head shape", list(lm_head.shape), [vocab, hidden])
-            native[f"lm_heads.{head}.weight"] = lm_head
-    if tensors:
-        raise HeadCheckpointError(f"{where}: tensors that fit no Medusa head: {sorted(tensors)[:4]}")
-    medusa = MedusaConfig(
-        num_heads=heads, num_layers=layers, hidden_size=hidden, vocab_size=vocab, share_lm_head=not own
-    )
-    return MedusaHeads.from_checkpoint(asdict(medusa), native, where)

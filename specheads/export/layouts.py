@@ -1,8 +1,8 @@
 """The checkpoint layouts serving engines read, and how specheads heads map to and from each of them.
 
 A layout is a ``config.json`` plus one safetensors file. Which engine reads what comes from the engines' own loading
-code (``EXPORT-FORMATS.md`` in the project's shared notes): vLLM 0.33, SGLang 0.5.23, speculators 0.9.0, SpecForge,
-FasterDecoding/Medusa, TGI and TensorRT-LLM.
+code, read for vLLM 0.33, SGLang 0.5.23, speculators 0.9.0, SpecForge, FasterDecoding/Medusa, TGI and TensorRT-LLM.
+Each method writes, reads and checks its layouts in its own folder (``specheads/methods/<name>/export.py``).
 
 * ``eagle3``: the SpecForge / official EAGLE-3 layout (``LlamaForCausalLMEagle3``; ``midlayer.*``, ``fc``, ``norm``,
   ``lm_head``, ``d2t``/``t2d``) that SGLang and vLLM (``method: eagle3``) load. The fused feature layers are written
@@ -28,7 +28,8 @@ import torch
 
 NATIVE = "native"
 CONFIG_NAME = "config.json"
-EAGLE_WEIGHTS = "model.safetensors"
+SAFETENSORS_WEIGHTS = "model.safetensors"  # transformers' weights file name
+EAGLE_WEIGHTS = SAFETENSORS_WEIGHTS
 MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
 SPECULATORS_VERSION = "0.9.0"
 

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 from specheads._lazy import lazy_exports
 
 _EXPORTS = {
-    "HEAD_TYPES": "specheads.heads.registry",
-    "EagleConfig": "specheads.heads.eagle",
-    "EagleHead": "specheads.heads.eagle",
+    "HEAD_TYPES": "specheads.methods.registry",
+    "EagleConfig": "specheads.methods.eagle.heads",
+    "EagleHead": "specheads.methods.eagle.heads",
     "HeadCheckpointError": "specheads.heads.checkpoint",
-    "HeadType": "specheads.heads.registry",
-    "MedusaConfig": "specheads.heads.medusa",
-    "MedusaHeads": "specheads.heads.medusa",
-    "head_type_of": "specheads.heads.registry",
+    "HeadType": "specheads.methods.registry",
+    "MedusaConfig": "specheads.methods.medusa.heads",
+    "MedusaHeads": "specheads.methods.medusa.heads",
+    "head_type_of": "specheads.methods.registry",
     "heads_for_decoding": "specheads.heads.loading",
     "load_heads": "specheads.heads.loading",
 }
@@ -37,10 +37,10 @@ __all__ = [
 
 if TYPE_CHECKING:
     from specheads.heads.checkpoint import HeadCheckpointError
-    from specheads.heads.eagle import EagleConfig, EagleHead
     from specheads.heads.loading import heads_for_decoding, load_heads
-    from specheads.heads.medusa import MedusaConfig, MedusaHeads
-    from specheads.heads.registry import HEAD_TYPES, HeadType, head_type_of
+    from specheads.methods.eagle.heads import EagleConfig, EagleHead
+    from specheads.methods.medusa.heads import MedusaConfig, MedusaHeads
+    from specheads.methods.registry import HEAD_TYPES, HeadType, head_type_of
 
 
 __getattr__, __dir__ = lazy_exports("specheads.heads", _EXPORTS, globals())

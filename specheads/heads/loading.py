@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from specheads.heads.checkpoint import HeadCheckpointError, read_checkpoint
-from specheads.heads.registry import HEAD_TYPES
+from specheads.methods.registry import HEAD_TYPES
 
 CALIBRATED_TREE = "tree.json"
 ADAPTER_DIR = "adapter"
@@ -72,3 +73,43 @@ def heads_for_decoding(
         base_model = PeftModel.from_pretrained(base_model, str(adapter)).merge_and_unload().eval()
         loaded.bind_base(base_model)
     return loaded, base_model
+
+
+def heads_path(heads: str | Path | torch.nn.Module, base: Any = None) -> str | Path | torch.nn.Module:
+    """Where ``heads=`` points: ``"default"`` names the EAGLE-3 heads shipped for ``base`` (the embedded default, or a
+    named real base); anything else is returned as it is."""
+    if isinstance(heads, str) and heads == "default":
+        from specheads import assets
+
+        return assets.shipped_heads(base if isinstance(base, str) and base in assets.NAMED_BASES else "default")
+    return heads
+
+
+def heads_for_comparison(
+    paths: list[str], base: PreTrainedModel, base_name: str
+) -> tuple[list[tuple[str, torch.nn.Module]], PreTrainedModel, bool]:
+    """Several head checkpoints on one base, labelled by method (numbered when several share one), for a benchmark.
+
+    A single Medusa-2 checkpoint (with its LoRA adapter) replaces the base by its merged fine-tuned model, which no
+    other heads were trained for: it must come alone. Returns the labelled heads, the base they decode with, and
+    whether that base is the merged one.
+
+    Raises:
+        ValueError: a Medusa-2 checkpoint among others.
+    """
+    from specheads.methods.registry import head_type_of
+
+    paths = [heads_path(path, base_name) for path in paths]
+    with_adapter = [path for path in paths if (Path(path) / ADAPTER_DIR).is_dir()]
+    if with_adapter and len(paths) > 1:
+        raise ValueError(
+            f"{with_adapter[0]} holds a Medusa-2 LoRA adapter: its base is a different (merged) model; "
+            "bench it on its own, with a single --heads"
+        )
+    if with_adapter:
+        heads, merged = heads_for_decoding(paths[0], base)
+        return [("medusa2", heads)], merged, True
+    loaded = [heads_for_decoding(path, base)[0] for path in paths]
+    kinds = [head_type_of(heads).name for heads in loaded]
+    labels = [kind if kinds.count(kind) == 1 else f"{kind}{kinds[: i + 1].count(kind)}" for i, kind in enumerate(kinds)]
+    return list(zip(labels, loaded, strict=True)), base, False

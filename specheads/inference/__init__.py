@@ -3,6 +3,7 @@
 from specheads.inference.acceptance import ACCEPTANCE_RULES, AcceptanceOptions, AcceptResult
 from specheads.inference.decoder import GenerationOutput, SpecDecoder
 from specheads.inference.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
+from specheads.inference.generation import GenerationConfig
 from specheads.inference.sampling import SamplingParams
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
 from specheads.inference.trees import TreeBuffers, TreeError, resolve_tree
@@ -15,6 +16,7 @@ __all__ = [
     "DraftModelDrafter",
     "DraftRequest",
     "Drafter",
+    "GenerationConfig",
     "GenerationOutput",
     "NoDrafter",
     "PromptLookupDrafter",

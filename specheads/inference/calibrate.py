@@ -10,23 +10,29 @@ Under Medusa's independence approximation a node ``(r1, ..., rd)`` is reached wi
 ``prod_i agreement_by_rank[i - 1][r_i]``, and tau = 1 + the sum of these over the tree's nodes. Trees are grown
 greedily, most probable node first (as Medusa's tree search does), and the size with the best tau / step time wins.
 
-EAGLE drafts level by level, so its trees also pay a draft forward per level (``depth_ms``, measured with
-:func:`measure_draft_cost`); the chosen tree also gives the EAGLE-2 dynamic-tree parameters that can grow it
-(:func:`dynamic_parameters`).
+A method that drafts level by level (EAGLE) also pays a draft forward per level (``depth_ms``, measured by the
+method's draft-cost model, its registry entry's ``draft_cost``); the chosen tree also gives the EAGLE-2 dynamic-tree
+parameters that can grow it (:func:`dynamic_parameters`).
 """
 
 from __future__ import annotations
 
 import heapq
+import json
+import os
+import platform
 import statistics
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from specheads.inference import kv_cache
-from specheads.inference.trees import tree_from_parents
+from specheads.inference.trees import DynamicTree, tree_from_parents
 from specheads.loading import vocab_size
 
 
@@ -119,28 +125,6 @@ def dynamic_parameters(choices: Sequence[Sequence[int]]) -> dict[str, int]:
 
 
 @torch.inference_mode()
-def measure_draft_cost(head: torch.nn.Module, prefix_len: int = 256, width: int = 4, repeats: int = 10) -> float:
-    """Median ms of one EAGLE draft level: ``width`` nodes over a ``prefix_len``-pair draft cache, plus logits."""
-    device = head.fc.weight.device
-    hidden = torch.zeros(1, prefix_len, head.config.hidden_size, device=device, dtype=head.fc.weight.dtype)
-    ids = torch.zeros(1, prefix_len, dtype=torch.long, device=device)
-    cache = kv_cache.new_cache()
-    mask = torch.ones(prefix_len, prefix_len, dtype=torch.bool, device=device).tril()[None, None]
-    head.step(ids, hidden, torch.arange(prefix_len, device=device)[None], mask, cache)
-    level_mask = torch.ones(1, 1, width, prefix_len + width, dtype=torch.bool, device=device)
-    positions = torch.full((1, width), prefix_len, device=device)
-    samples = []
-    for _ in range(repeats + 2):
-        start = time.perf_counter()
-        out = head.step(ids[:, :width], hidden[:, :width], positions, level_mask, cache)
-        head.logits(out).log_softmax(dim=-1).topk(width)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        samples.append(1000 * (time.perf_counter() - start))
-        kv_cache.crop(cache, prefix_len)
-    return statistics.median(samples[2:])
-
-
 def _interpolate(points: dict[int, float], size: int) -> float:
     sizes = sorted(points)
     if size <= sizes[0]:
@@ -239,3 +223,157 @@ def measure_decoding(
     return [
         {"tokens_per_s": statistics.median(rates[i]), "tau": tokens[i] / max(steps[i], 1)} for i in range(len(runs))
     ]
+
+
+# ------------------------------------------------------------------ the whole calibration of one set of heads
+@dataclass
+class CalibrationResult:
+    """What :func:`calibrate` measured and chose; ``record`` is what ``tree.json`` holds."""
+
+    record: dict
+    best: CalibratedTree
+    step_ms: dict[int, float]
+    agreement: dict
+
+    def summary(self, path: Any = "tree.json") -> str:
+        """The report ``specheads calibrate`` prints (``path``: where the record was written)."""
+        record, best, agreement = self.record, self.best, self.agreement
+        lines = [
+            "verify cost (ms by query tokens): " + ", ".join(f"{q}: {ms:.1f}" for q, ms in self.step_ms.items()),
+            "head agreement with the base's greedy token (rank 0): "
+            + ", ".join(f"{row[0]:.3f}" for row in agreement["agreement_by_rank"]),
+            f"cost model: {len(best.choices)} nodes, expected tau {best.expected_tau:.2f}, "
+            f"{best.step_ms:.1f} ms/step, expected {best.expected_tokens_per_s:.0f} tokens/s",
+        ]
+        lines += [
+            f"  measured {row['tree']}: {row['tokens_per_s']:.0f} tokens/s, tau {row['tau']:.2f}"
+            for row in record["measured"]
+        ]
+        lines.append(f"  measured plain decoding: {record['plain_tokens_per_s']:.0f} tokens/s")
+        static_rate = max(row["tokens_per_s"] for row in record["measured"] if isinstance(row["tree"], list))
+        lines.append(
+            f"best static tree (tree='auto'): {len(record['choices'])} nodes, {static_rate:.0f} tokens/s measured; "
+            f"written to {path}"
+        )
+        if "dynamic" in record:
+            level = record["draft_ms_per_level"]
+            lines.append(f"EAGLE-2 dynamic tree for this machine: {record['dynamic']} (draft level {level:.2f} ms)")
+        if record["best_speedup_over_plain"] < 1.0:
+            lines.append(
+                f"warning: no tree beats plain decoding on this machine (best {record['best_speedup_over_plain']:.2f}x"
+                f" of plain's {record['plain_tokens_per_s']:.0f} tokens/s): these heads do not pay here yet; train "
+                "them longer or decode without them"
+            )
+        return "\n".join(lines)
+
+
+def calibrate(
+    base: torch.nn.Module,
+    heads: torch.nn.Module,
+    dataset: Any,
+    batches: int = 8,
+    max_nodes: int = 64,
+    prompt_tokens: int = 128,
+    new_tokens: int = 64,
+    log: Callable[[str], None] = lambda line: None,
+) -> CalibrationResult:
+    """Measure heads on held-out rows and choose the trees that pay on this machine.
+
+    Held-out agreement per depth and rank (the method's evaluation), the base's verify cost curve and the method's
+    draft cost per level give the cost model's tree; every candidate tree (and, for a method that grows them, the
+    EAGLE-2 dynamic trees they imply) is then timed against plain decoding on held-out prompts, and the fastest
+    measured trees are recorded (``tree="auto"`` / ``"dynamic"`` read them).
+
+    Args:
+        base, heads: the base and heads bound to it.
+        dataset: tokenised held-out rows (``input_ids``, ``attention_mask``, ``loss_mask``).
+        batches: held-out batches of 8 rows for the agreement.
+        max_nodes: the largest tree considered.
+        prompt_tokens, new_tokens: the timed prompts' length and the tokens decoded after each.
+        log: receives one line per phase (the CLI prints them).
+    """
+    from specheads.inference.decoder import SpecDecoder
+    from specheads.inference.drafters import NoDrafter
+    from specheads.methods.registry import head_type_of
+    from specheads.training.trainer import collate_trimmed
+
+    dataset = dataset.with_format("torch")
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8, collate_fn=collate_trimmed)
+    method = head_type_of(heads)
+    count = min(batches, len(loader))
+    log(f"agreement with the base's greedy token on {count} held-out batches of 8 rows")
+    agreement = method.evaluate_fn()(base, heads, _bar(loader, count, "agreement"), max_batches=batches)
+    log("timing the verify cost curve and a draft level")
+    with torch.inference_mode():
+        step_ms = measure_verify_cost(base, sizes=(1, 2, 4, 8, 16, 32, 64))
+    depth_ms = method.draft_cost_ms(heads)
+    best = choose_tree(agreement["agreement_by_rank"], step_ms, max_nodes=max_nodes, depth_ms=depth_ms)
+    statics = candidate_trees(agreement["agreement_by_rank"], max_nodes)
+    trees: list = [*statics]
+    if method.dynamic_trees:
+        dynamics = list({tuple(dynamic_parameters(c).values()): dynamic_parameters(c) for c in statics}.values())
+        trees += [DynamicTree(**params) for params in dynamics]
+    prompts = [_calibration_prompt(row, prompt_tokens) for row in dataset.select(range(min(4, len(dataset))))]
+    log(f"timing {len(trees)} trees and plain decoding on {len(prompts)} held-out prompts")
+    decoder, plain = SpecDecoder(base, method.make_drafter(heads)), SpecDecoder(base, NoDrafter())
+    timed = measure_decoding(decoder, prompts, trees, max_new_tokens=new_tokens, plain=plain, progress=True)
+    measured = [
+        {
+            "tree": tree if isinstance(tree, list) else vars(tree),
+            "nodes": len(tree) if isinstance(tree, list) else tree.total_tokens,
+            **result,
+        }
+        for tree, result in zip(trees, timed, strict=False)
+    ]
+    dynamic_rows = measured[len(statics) :]
+    plain_rate = timed[-1]["tokens_per_s"]
+    record = {
+        "choices": max(measured[: len(statics)], key=lambda row: row["tokens_per_s"])["tree"],
+        **({"dynamic": max(dynamic_rows, key=lambda row: row["tokens_per_s"])["tree"]} if dynamic_rows else {}),
+        "measured": measured,
+        "plain_tokens_per_s": plain_rate,
+        "best_speedup_over_plain": max(row["tokens_per_s"] for row in measured) / plain_rate,
+        "draft_ms_per_level": depth_ms,
+        "expected_tau": best.expected_tau,
+        "step_ms": best.step_ms,
+        "expected_tokens_per_s": best.expected_tokens_per_s,
+        "model_choice": best.choices,
+        "verify_ms_by_query_tokens": step_ms,
+        "agreement_by_rank": agreement["agreement_by_rank"],
+        "candidates": best.candidates,
+        "machine": {
+            "processor": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "device": str(base.get_output_embeddings().weight.device),
+        },
+    }
+    return CalibrationResult(record, best, step_ms, agreement)
+
+
+def write_calibration(directory: str | Path, record: dict) -> Path:
+    """Write ``record`` as ``directory/tree.json`` atomically (a temporary file renamed into place)."""
+    path = Path(directory) / "tree.json"
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tree.", suffix=".json.tmp")
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(json.dumps(record, indent=2) + "\n")
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    return path
+
+
+def _bar(loader: Any, total: int, desc: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(loader, total=total, desc=desc, unit="batch", leave=False)
+
+
+def _calibration_prompt(row: dict, prompt_tokens: int) -> torch.Tensor:
+    """A held-out row cut to ``prompt_tokens`` tokens, or for a chat (targets start later) up to its first assistant
+    target when that comes first, so that the timed decode writes an answer as in use (``[1, T]``)."""
+    ids, targets = row["input_ids"], row["loss_mask"]
+    first_target = int(targets.nonzero()[0]) if targets.any() else 0
+    length = min(prompt_tokens, first_target) if first_target > 0 else prompt_tokens
+    return ids[None, : max(1, min(length, int(row["attention_mask"].sum())))]

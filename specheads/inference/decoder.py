@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.heads.registry import HEAD_TYPES, head_type_of
+from specheads.heads.loading import heads_path
 from specheads.inference import kv_cache
 from specheads.inference.acceptance import (
     ACCEPTANCE_RULES,
@@ -28,7 +28,6 @@ from specheads.inference.acceptance import (
     AcceptResult,
     greedy_batch,
     rejection_chain,
-    resolve_rule,
 )
 from specheads.inference.drafters import (
     Drafter,
@@ -36,17 +35,19 @@ from specheads.inference.drafters import (
     NoDrafter,
     PromptLookupDrafter,
 )
+from specheads.inference.generation import GenerationConfig
 from specheads.inference.sampling import SamplingParams, probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import DynamicTree, TreeBuffers, resolve_tree, tree_from_choices
+from specheads.inference.trees import DynamicTree, TreeBuffers, tree_from_choices
 from specheads.loading import check_same_vocabulary, eos_token_ids, vocab_size
+from specheads.methods.registry import HEAD_TYPES, head_type_of, method_of_layout
 from specheads.metrics import SpecStats
 from specheads.prompts import check_unicode, render_conversation
 
 METHODS = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
 # One prompt of generate/stream: raw text, token ids, or a conversation of {"role", "content"} messages.
 PromptInput = str | Sequence[int] | torch.Tensor | Sequence[Mapping[str, str]]
-DYNAMIC_TREE_KWARGS = {"tree_top_k": "top_k", "depth": "depth", "total_tokens": "total_tokens"}
+_UNKNOWN_HEADS = next(iter(HEAD_TYPES))  # a folder with no head type: its loader says what is wrong with it
 _ROOT_ONLY = tree_from_choices(())  # the "tree" of a row that drafted nothing: its root alone
 
 
@@ -122,6 +123,7 @@ class _Settings:
     eos_token_ids: frozenset[int]
     request: DraftRequest
     seed: int | list[int] | None = None
+    random: bool = False  # rows draw random numbers (sampling, or a rule that draws at temperature 0)
 
 
 class SpecDecoder:
@@ -145,6 +147,8 @@ class SpecDecoder:
     ) -> None:
         self.model = base_model.eval()
         self.profile = profile
+        if drafter is not None and not isinstance(drafter, Drafter):
+            raise TypeError(f"drafter must be a specheads.inference.Drafter, got {type(drafter).__name__}")
         self.drafter = drafter if drafter is not None else NoDrafter()
         self.tokenizer = tokenizer
         if isinstance(self.drafter, DraftModelDrafter):
@@ -192,7 +196,7 @@ class SpecDecoder:
         elif method in HEAD_TYPES:
             from specheads.heads.loading import heads_for_decoding
 
-            loaded_heads, base_model = heads_for_decoding(_heads_path(heads, base), base_model)
+            loaded_heads, base_model = heads_for_decoding(heads_path(heads, base), base_model)
             if head_type_of(loaded_heads).name != method:
                 raise ValueError(f"method {method!r} was asked for but the heads are {head_type_of(loaded_heads).name}")
             drafter = HEAD_TYPES[method].make_drafter(loaded_heads)
@@ -206,11 +210,12 @@ class SpecDecoder:
     def generate(
         self,
         prompt: PromptInput | Sequence[PromptInput],
-        max_new_tokens: int = 128,
+        max_new_tokens: int | None = None,
         batch_size: int | None = None,
+        generation_config: GenerationConfig | None = None,
         **kwargs: Any,
     ) -> GenerationOutput | BatchOutput:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt``, or after each prompt of a list.
+        """Generate up to ``max_new_tokens`` tokens (default 128) after ``prompt``, or after each prompt of a list.
 
         One prompt is a string (tokenised raw, with the tokenizer's special tokens), token ids (a list, or a ``[T]``
         / ``[1, T]`` tensor) or a conversation: a list of ``{"role", "content"}`` messages, roles ``system``,
@@ -224,12 +229,13 @@ class SpecDecoder:
         row draws exactly what it would draw alone with that seed. It returns a :class:`BatchOutput`: one
         :class:`GenerationOutput` per prompt, in order, plus the batch's totals.
 
-        Keyword arguments: ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``acceptance`` ("auto", "greedy",
-        "rejection", "typical", "threshold", "alpha"), ``tree``, ``num_speculative_tokens``, ``eos_token_id``,
-        ``seed``, and the rule parameters ``posterior_threshold``, ``posterior_alpha``, ``acceptance_threshold``,
-        ``alpha``.
+        How to generate is a :class:`~specheads.inference.generation.GenerationConfig`: ``generation_config``, with
+        any of its fields given as keyword arguments on top (``temperature``, ``top_p``, ``top_k``, ``acceptance``,
+        ``tree``, ``num_speculative_tokens``, ``eos_token_id``, ``seed``, the rule parameters, the dynamic tree's
+        ``tree_top_k`` / ``depth`` / ``total_tokens``; see its attributes).
 
         Raises:
+            TypeError: a keyword argument that is not a GenerationConfig field.
             ValueError: a bad prompt (empty, ids outside the vocabulary, a string or conversation without a
                 tokenizer, a conversation on a tokenizer without a chat template, a message whose role is not
                 ``system`` / ``user`` / ``assistant`` or whose content is not a string: the error names the message
@@ -248,20 +254,20 @@ class SpecDecoder:
         outputs: list[GenerationOutput] = []
         start = time.perf_counter()
         totals = SpecStats()
-        seeds = kwargs.pop("seed", None)
-        if isinstance(seeds, (list, tuple)) and not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
-            raise ValueError(f"seed must be an integer (or a list of one per prompt), got {seeds!r}")
+        config = _config(generation_config, max_new_tokens, kwargs)
+        seeds = config.seed
         if isinstance(seeds, (list, tuple)) and (not batched or len(seeds) != len(prompts)):
             raise ValueError(f"seed as a list needs one seed per prompt ({len(prompts)}), got {len(seeds)}")
         for first in range(0, len(prompts), size):
             state = None
             chunk_seed = list(seeds[first : first + size]) if isinstance(seeds, (list, tuple)) else seeds
             chunk = prompts[first : first + size]
-            for step_state, _ in self._run(chunk, max_new_tokens, seed=chunk_seed, first_index=first, **kwargs):
+            for step_state, _ in self._run(chunk, dataclasses.replace(config, seed=chunk_seed), first_index=first):
                 state = step_state
             assert state is not None
             outputs += [
-                GenerationOutput.of_row(state, row, max_new_tokens, self.tokenizer) for row in range(len(state.lengths))
+                GenerationOutput.of_row(state, row, config.max_new_tokens, self.tokenizer)
+                for row in range(len(state.lengths))
             ]
             totals.draft_time_s += state.batch_draft_time_s
             totals.verify_time_s += state.batch_verify_time_s
@@ -275,8 +281,19 @@ class SpecDecoder:
         totals.wall_time_s = time.perf_counter() - start
         return BatchOutput(outputs, totals)
 
+    def check(self, generation_config: GenerationConfig | None = None, **kwargs: Any) -> GenerationConfig:
+        """The generation settings :meth:`generate` would use with this decoder, checked without any compute: what
+        ``generate`` refuses (an unknown keyword, a bad value, a tree the drafter cannot draft) is refused here."""
+        config = GenerationConfig.from_kwargs(generation_config, **kwargs)
+        self._settings(config)
+        return config
+
     def stream(
-        self, prompt: PromptInput, max_new_tokens: int = 128, **kwargs: Any
+        self,
+        prompt: PromptInput,
+        max_new_tokens: int | None = None,
+        generation_config: GenerationConfig | None = None,
+        **kwargs: Any,
     ) -> Generator[str, None, GenerationOutput]:
         """Yield decoded text pieces as tokens are accepted (same arguments as :meth:`generate`, one prompt: a
         string, token ids or one conversation).
@@ -288,15 +305,13 @@ class SpecDecoder:
         prompts, batched = self._encode_all(prompt)
         if batched:
             raise ValueError("stream() takes one prompt; decode a list of prompts with generate()")
-        return self._stream(prompts, max_new_tokens, kwargs)
+        return self._stream(prompts, _config(generation_config, max_new_tokens, kwargs))
 
-    def _stream(
-        self, prompts: list[torch.Tensor], max_new_tokens: int, kwargs: dict[str, Any]
-    ) -> Generator[str, None, GenerationOutput]:
+    def _stream(self, prompts: list[torch.Tensor], config: GenerationConfig) -> Generator[str, None, GenerationOutput]:
         emitted_text = ""
         tokens: list[int] = []
         state = None
-        for state, new in self._run(prompts, max_new_tokens, **kwargs):  # noqa: B007 - the last state is the result
+        for state, new in self._run(prompts, config):  # noqa: B007 - the last state is the result
             tokens.extend(new.get(0, []))
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its remaining bytes
@@ -308,15 +323,15 @@ class SpecDecoder:
         if len(text) > len(emitted_text):
             yield text[len(emitted_text) :]
         assert state is not None
-        return GenerationOutput.of_row(state, 0, max_new_tokens, self.tokenizer)
+        return GenerationOutput.of_row(state, 0, config.max_new_tokens, self.tokenizer)
 
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
     def _run(
-        self, prompts: list[torch.Tensor], max_new_tokens: int, first_index: int = 0, **kwargs: Any
+        self, prompts: list[torch.Tensor], config: GenerationConfig, first_index: int = 0
     ) -> Iterator[tuple[DecodeState, dict[int, list[int]]]]:
         start = time.perf_counter()
-        settings = self._settings(max_new_tokens, kwargs)
+        settings = self._settings(config)
         max_length = self._max_length()
         self._check_lengths(prompts, first_index)
         state = self._prefill(prompts, settings)
@@ -327,7 +342,6 @@ class SpecDecoder:
                 settings.request,
                 max_depth=max(limits),
                 max_depths=tuple(limits),
-                generator=state.generators[state.rows[0]],
             )
             tick = time.perf_counter()
             proposals = _for_rows(self.drafter.propose(state, request), limits, state.batch_size)
@@ -370,9 +384,8 @@ class SpecDecoder:
             state.hidden_states = tuple(h[index] for h in state.hidden_states)
         state.hidden_counts = [state.hidden_counts[i] for i in keep] if state.hidden_counts else []
         state.rows = [state.rows[i] for i in keep]
-        keep_rows = getattr(self.drafter, "keep_rows", None)
-        if keep_rows is not None and state.rows:
-            keep_rows(state, keep)
+        if state.rows:
+            self.drafter.keep_rows(state, keep)
 
     def _prefill(self, prompts: list[torch.Tensor], settings: _Settings) -> DecodeState:
         """Run every prompt except its last token (each row's first root) through the base, in one forward."""
@@ -407,7 +420,7 @@ class SpecDecoder:
         """Tree nodes of the largest verify step (what the cache reserves beyond the generated tokens)."""
         tree = settings.request.tree
         if tree is None:
-            return int(getattr(self.drafter, "max_nodes", lambda request: 64)(settings.request))
+            return int(self.drafter.max_nodes(settings.request))
         return tree.total_tokens if isinstance(tree, DynamicTree) else tree.num_nodes
 
     def _step(
@@ -585,7 +598,7 @@ class SpecDecoder:
 
     def _generator(self, settings: _Settings, seed: int | None) -> torch.Generator | None:
         """A row's random source: seeded with ``seed``, so a row draws the same alone or in any batch."""
-        if settings.request.generator is None:
+        if not settings.random:
             return None
         generator = torch.Generator(device=self.model.device)
         if seed is not None:
@@ -660,82 +673,46 @@ class SpecDecoder:
             raise ValueError(f"prompt token ids must lie in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
         return ids.to(device)
 
-    def _settings(self, max_new_tokens: int, kwargs: dict[str, Any]) -> _Settings:
-        known = {
-            "temperature",
-            "top_p",
-            "top_k",
-            "acceptance",
-            "tree",
-            "num_speculative_tokens",
-            "eos_token_id",
-            "seed",
-            "posterior_threshold",
-            "posterior_alpha",
-            "acceptance_threshold",
-            "alpha",
-            *DYNAMIC_TREE_KWARGS,
-        }
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise TypeError(f"generate() got unknown arguments {unknown}; known: {sorted(known)}")
-        seed = kwargs.get("seed")
-        seeds = seed if isinstance(seed, list) else [seed]
-        if any(s is not None and (isinstance(s, bool) or not isinstance(s, int)) for s in seeds):
-            raise ValueError(f"seed must be an integer (or a list of one per prompt), got {seed!r}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        sampling = SamplingParams(kwargs.get("temperature", 0.0), kwargs.get("top_k", 0), kwargs.get("top_p", 1.0))
-        rule = resolve_rule(kwargs.get("acceptance", "auto"), sampling)
-        options = AcceptanceOptions(**{k: float(kwargs[k]) for k in vars(AcceptanceOptions()) if k in kwargs})
-        generator = None
-        if not sampling.greedy or rule != "greedy":
-            generator = torch.Generator(device=self.model.device)
-            seed = kwargs.get("seed")
-            generator.manual_seed(seed) if isinstance(seed, int) else generator.seed()
-        tree = self._dynamic_tree(kwargs)
+    def _settings(self, config: GenerationConfig) -> _Settings:
+        """What the engine reads of ``config`` for this decoder's drafter (checked by the drafter before compute)."""
+        sampling, rule = config.sampling, config.rule
+        tree = self._dynamic_tree(config)
         request = DraftRequest(
             sampling=sampling,
-            generator=generator,
             max_depth=0,
-            num_speculative_tokens=kwargs.get("num_speculative_tokens"),
+            num_speculative_tokens=config.num_speculative_tokens,
             tree=self._resolve_tree(tree) if tree is not None else None,
         )
         self.drafter.check_request(request)
-        if rule == "alpha" and not getattr(self.drafter, "gives_draft_probs", lambda request: False)(request):
+        if rule == "alpha" and not self.drafter.gives_draft_probs(request):
             raise ValueError(
                 f"acceptance='alpha' needs draft probabilities, which method {self.drafter.name!r} does not give at "
                 f"temperature {sampling.temperature} (its proposals are deterministic and would all pass unverified); "
                 "use a draft model at temperature > 0, or 'typical' or 'threshold'"
             )
-        eos = self._eos_ids(kwargs.get("eos_token_id"))
-        return _Settings(max_new_tokens, sampling, rule, options, eos, request, kwargs.get("seed"))
+        eos = self._eos_ids(config.eos_token_id)
+        random = not sampling.greedy or rule != "greedy"
+        return _Settings(config.max_new_tokens, sampling, rule, config.options, eos, request, config.seed, random)
 
-    def _dynamic_tree(self, kwargs: dict[str, Any]) -> Any:
+    def _dynamic_tree(self, config: GenerationConfig) -> Any:
         """``tree="dynamic"`` with any of ``tree_top_k`` / ``depth`` / ``total_tokens`` set becomes a DynamicTree."""
-        tree = kwargs.get("tree")
-        given = {DYNAMIC_TREE_KWARGS[k]: kwargs[k] for k in DYNAMIC_TREE_KWARGS if kwargs.get(k) is not None}
+        given = config.dynamic_overrides
         if not given:
-            return tree
-        if tree != "dynamic":
-            raise ValueError(
-                f"{sorted(k for k in DYNAMIC_TREE_KWARGS if k in kwargs)} set a dynamic tree: pass tree='dynamic'"
-            )
-        defaults = getattr(self.drafter, "dynamic", None)
+            return config.tree
+        defaults = self.drafter.dynamic
         if not isinstance(defaults, DynamicTree):
-            raise ValueError(f"tree='dynamic' (EAGLE-2) needs EAGLE heads; method {self.drafter.name!r} has none")
+            growers = [name for name, method in HEAD_TYPES.items() if method.dynamic_trees]
+            raise ValueError(
+                f"tree='dynamic' (EAGLE-2) is grown by the drafter of an EAGLE head (methods {growers}); method "
+                f"{self.drafter.name!r} does not grow one"
+            )
         return DynamicTree(**{**vars(defaults), **given})
 
     def _resolve_tree(self, tree: Any) -> Any:
         """Trees are data; ``"auto"`` asks the drafter for the tree calibrated for it."""
         if isinstance(tree, (list, tuple)) and not tree:
             raise ValueError("tree=[] drafts nothing; use method 'none' for plain decoding")
-        resolve = getattr(self.drafter, "resolve", None)
-        if resolve is not None:
-            return resolve(tree)
-        if tree == "auto":
-            raise ValueError(f"tree='auto' is calibrated for draft heads; method {self.drafter.name!r} has none")
-        return resolve_tree(tree)
+        return self.drafter.resolve(tree)
 
     def _eos_ids(self, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
         return eos_token_ids(self.model, self.tokenizer, eos_token_id)
@@ -754,6 +731,13 @@ class SpecDecoder:
         if max_length is not None:
             remaining = min(remaining, max_length - state.lengths[row])
         return max(remaining - 1, 0)
+
+
+def _config(base: GenerationConfig | None, max_new_tokens: int | None, kwargs: dict[str, Any]) -> GenerationConfig:
+    """``base`` (or the defaults) with ``max_new_tokens`` and the keyword arguments on top."""
+    if max_new_tokens is not None:
+        kwargs = {"max_new_tokens": max_new_tokens, **kwargs}
+    return GenerationConfig.from_kwargs(base, **kwargs)
 
 
 def _is_conversation(prompt: Any) -> bool:
@@ -827,28 +811,20 @@ def _tree_mask(tree_mask: torch.Tensor, prefix_len: int, device: torch.device) -
     return torch.cat([prefix, tree_mask], dim=1)[None, None].to(device)
 
 
-def _heads_path(heads: str | Path | torch.nn.Module, base: Any = None) -> str | Path | torch.nn.Module:
-    """``"default"`` names the EAGLE-3 heads shipped for the base (the embedded default, or a named real base)."""
-    if isinstance(heads, str) and heads == "default":
-        from specheads import assets
-
-        return assets.shipped_heads(base if isinstance(base, str) and base in assets.NAMED_BASES else "default")
-    return heads
-
-
 def _heads_method(heads: str | Path | torch.nn.Module, base: Any = None) -> str:
-    """The head type of a heads module or checkpoint directory (its ``head_type``, or its engine layout's)."""
+    """The head type of a heads module or checkpoint directory (its ``head_type``, or its engine layout's method)."""
     if isinstance(heads, torch.nn.Module):
         return head_type_of(heads).name
     import json
 
     from specheads.export.formats import foreign_format
 
-    directory = Path(_heads_path(heads, base))
+    directory = Path(heads_path(heads, base))
     layout = foreign_format(directory) if directory.is_dir() else None
-    if layout in ("eagle3", "speculators", "eagle", "medusa"):
-        return "medusa" if layout == "medusa" else "eagle"
+    method = method_of_layout(layout) if layout is not None else None
+    if method is not None:
+        return method.name
     try:
-        return str(json.loads((directory / "config.json").read_text()).get("head_type", "medusa"))
-    except (OSError, ValueError):
-        return "medusa"  # the loader names what is wrong with the directory
+        return str(json.loads((directory / "config.json").read_text())["head_type"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return _UNKNOWN_HEADS  # the loader names what is wrong with the directory

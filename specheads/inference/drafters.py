@@ -8,7 +8,7 @@ mirrors transformers' ``CandidateGenerator`` (``get_candidates`` / ``update_cand
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -16,38 +16,55 @@ from transformers import PreTrainedModel
 from specheads.inference import kv_cache
 from specheads.inference.sampling import probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import chain_choices, resolve_tree, tree_from_choices
+from specheads.inference.trees import DynamicTree, TreeBuffers, chain_choices, resolve_tree, tree_from_choices
 
 
-@runtime_checkable
-class Drafter(Protocol):
-    """The drafter protocol.
+class Drafter:
+    """The base class of drafters: every hook the engine calls, with what it does when a drafter does not override it.
 
     Attributes:
         name: the method name (``"draft"``, ``"prompt-lookup"``, ``"none"``, ``"medusa"``, ...).
         hidden_state_layers: indices into the base's ``hidden_states`` output that the drafter needs for the tokens
             entering the cache (empty: the base runs without ``output_hidden_states``).
+        dynamic: the default parameters of the EAGLE-2 dynamic trees the drafter grows (None: it grows none, and
+            ``tree_top_k`` / ``depth`` / ``total_tokens`` are refused).
     """
 
-    name: str
-    hidden_state_layers: tuple[int, ...]
+    name: str = "drafter"
+    hidden_state_layers: tuple[int, ...] = ()
+    dynamic: DynamicTree | None = None
 
     def check_request(self, request: DraftRequest) -> None:
         """Raise ``ValueError`` before any compute when ``request`` cannot be served (e.g. a tree too deep)."""
 
+    def resolve(self, tree: Any) -> TreeBuffers | DynamicTree:
+        """The tree a ``tree=`` value names for this drafter; ``"auto"`` is a calibrated tree, which only draft heads
+        have."""
+        if tree == "auto":
+            raise ValueError(f"tree='auto' is calibrated for draft heads; method {self.name!r} has none")
+        return resolve_tree(tree)
+
+    def max_nodes(self, request: DraftRequest) -> int:
+        """The largest tree a request can verify (what the cache reserves beyond the generated tokens)."""
+        return 64
+
+    def gives_draft_probs(self, request: DraftRequest) -> bool:
+        """Whether proposals carry draft probabilities (``acceptance="alpha"`` needs them)."""
+        return False
+
     def reset(self, state: DecodeState) -> None:
-        """Start a new generation after the base's prefill."""
+        """Start a new generation after the base's prefill (per-generation state goes in ``state.draft``)."""
 
     def propose(self, state: DecodeState, request: DraftRequest) -> Proposal | list[Proposal | None] | None:
         """Draft tokens after the root of every row in ``state.rows``: one Proposal for all rows (same tree), a list
         with one Proposal or None per row, or None when there is nothing to propose."""
+        raise NotImplementedError
 
     def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:
         """Learn that the base accepted ``num_accepted[i]`` drafted tokens of row ``state.rows[i]`` (committed)."""
 
-    # Optional: ``keep_rows(state, keep)``: rows left the batch, keep the per-row state of ``keep`` (indices into
-    # the previous ``state.rows``); ``max_nodes(request) -> int``: the largest tree a request can verify;
-    # ``gives_draft_probs(request) -> bool``: whether proposals carry draft probabilities (needed by "alpha").
+    def keep_rows(self, state: DecodeState, keep: list[int]) -> None:
+        """Rows left the batch: keep the per-row state of ``keep`` (indices into the previous ``state.rows``)."""
 
 
 def chain_proposal(drafts: torch.Tensor, draft_probs: torch.Tensor | None = None) -> Proposal:
@@ -69,7 +86,7 @@ def _check_chain_request(request: DraftRequest, default: int) -> None:
         raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {length!r}")
 
 
-class NoDrafter:
+class NoDrafter(Drafter):
     """Plain autoregressive decoding through the speculative engine: the baseline that shows the engine's cost."""
 
     name = "none"
@@ -89,7 +106,7 @@ class NoDrafter:
         return None
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Copy the continuation of the latest n-gram match in the context (Saxena 2023, "prompt lookup decoding").
 
     Like transformers' ``PromptLookupCandidateGenerator``: try n-gram sizes from ``max_ngram_size`` down to 1, take
@@ -165,7 +182,7 @@ class _NgramIndex:
         return []
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """A separate small causal LM with the base's tokenizer drafts K tokens autoregressively.
 
     The classic speculative decoding draft phase (Leviathan et al. 2023; Chen et al. 2023). The draft keeps its own
@@ -343,81 +360,3 @@ class _DraftState:
     cache: kv_cache.SlotCache
     cached: list[int]  # committed tokens in the draft cache
     drafted: list[int]  # drafts of the last proposal (the last one is not in the draft cache)
-
-
-class MedusaDrafter:
-    """Medusa heads propose a static tree: node (r1, ..., rd) holds head d's rank-rd candidate.
-
-    The heads read the base's last hidden state of the last cached token; head k predicts the token k + 1 levels
-    below the root (the root itself is the base's own token). Proposals are deterministic top-k candidates, which
-    rejection sampling treats as one-hot (Cai et al. 2024; Medusa's ``generate_candidates``).
-    """
-
-    name = "medusa"
-    hidden_state_layers: tuple[int, ...] = (-1,)
-
-    def __init__(self, heads: torch.nn.Module, tree: str | list | None = None) -> None:
-        self.heads = heads.eval()
-        self.num_heads = heads.config.num_heads
-        calibrated = getattr(heads, "calibrated_tree", None)
-        self.auto_tree = resolve_tree(calibrated) if calibrated is not None else None  # [] is a valid tree
-        if tree is None:
-            self.default_tree = self.auto_tree or resolve_tree(f"chain-{self.num_heads}")
-        else:
-            self.default_tree = self.resolve(tree)
-        self._check_depth(self.default_tree.max_depth)
-
-    def resolve(self, tree: str | list):  # noqa: ANN201 - TreeBuffers
-        """A tree spec for these heads; ``"auto"`` is the tree calibrated for them on this machine."""
-        if tree == "auto":
-            if self.auto_tree is None:
-                raise ValueError("tree='auto' needs a calibrated tree: run `specheads calibrate --base B --heads H`")
-            return self.auto_tree
-        return resolve_tree(tree)
-
-    def _check_depth(self, depth: int) -> None:
-        if depth > self.num_heads:
-            raise ValueError(
-                f"the tree is {depth} levels deep but there are only {self.num_heads} Medusa heads; "
-                f"use a tree of depth <= {self.num_heads}"
-            )
-
-    def _tree(self, request: DraftRequest):  # noqa: ANN202 - TreeBuffers
-        if request.tree is not None:
-            return request.tree
-        if request.num_speculative_tokens is not None:
-            return tree_from_choices(chain_choices(request.num_speculative_tokens))
-        return self.default_tree
-
-    def check_request(self, request: DraftRequest) -> None:
-        if request.tree is None and request.num_speculative_tokens is not None:
-            _check_chain_request(request, self.num_heads)
-        tree = self._tree(request)
-        self._check_depth(tree.max_depth)
-        vocab = self.heads.config.vocab_size
-        if tree.num_nodes and max(tree.ranks[1:]) >= vocab:
-            raise ValueError(f"the tree asks for rank {max(tree.ranks[1:])} but the vocabulary has {vocab} tokens")
-
-    def max_nodes(self, request: DraftRequest) -> int:
-        return self._tree(request).num_nodes
-
-    def reset(self, state: DecodeState) -> None:
-        return None
-
-    @torch.inference_mode()
-    def propose(self, state: DecodeState, request: DraftRequest) -> Proposal | None:
-        if not state.hidden_states:  # a one-token prompt: no hidden state before the root yet
-            return None
-        tree = self._tree(request).truncated(request.max_depth)
-        if tree.num_nodes == 0:
-            return None
-        hidden = state.last_hidden(0)  # [B, H] of each row's last cached token
-        logits = self.heads(hidden, num_heads=tree.max_depth)  # [D, B, V]
-        buffers = tree.on(logits.device)
-        depths, ranks = buffers.depths[1:], buffers.ranks[1:]  # [N] each, on the device
-        candidates = logits.topk(max(tree.ranks[1:]) + 1, dim=-1).indices  # [D, B, R]
-        tokens = candidates[depths - 1, :, ranks].transpose(0, 1)  # [B, N]
-        return Proposal(tokens=tokens, tree=tree, draft_probs=None)
-
-    def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:
-        return None

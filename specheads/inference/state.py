@@ -116,10 +116,9 @@ class DraftRequest:
     """What the decode loop asks of a drafter at each step.
 
     Attributes:
-        sampling: the base's sampling settings; a drafter that samples uses the same ones.
-        generator: random source for sampling drafters with one row; in a batch, row ``state.rows[i]`` draws from
-            ``state.generators[state.rows[i]]`` (this is the first row's), so that each row's draws do not depend on
-            its neighbours.
+        sampling: the base's sampling settings; a drafter that samples uses the same ones, drawing row
+            ``state.rows[i]``'s numbers from ``state.generators[state.rows[i]]`` so that each row's draws do not
+            depend on its neighbours.
         max_depth: the deepest useful draft (tokens left to generate minus one, within the model's length limit), the
             largest over the rows of the batch; the engine cuts each row's proposal to that row's own limit.
         num_speculative_tokens: K for chain drafters (None: the drafter's default).
@@ -129,7 +128,6 @@ class DraftRequest:
     """
 
     sampling: SamplingParams
-    generator: torch.Generator | None
     max_depth: int
     num_speculative_tokens: int | None = None
     tree: TreeBuffers | DynamicTree | None = None

@@ -27,78 +27,6 @@ class ModelConfig:
 
 
 @dataclass
-class HeadsConfig:
-    """The ``heads`` section of a Medusa recipe (``type: medusa``)."""
-
-    type: str = "medusa"
-    num_heads: int = 4
-    num_layers: int = 1
-    share_lm_head: bool = False
-
-    def validate(self) -> None:
-        for key in ("num_heads", "num_layers"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"heads.{key} must be > 0, got {getattr(self, key)!r}")
-
-
-MedusaHeadsConfig = HeadsConfig
-
-
-@dataclass
-class DraftHeadsConfig:
-    """The ``heads`` section of a distilled draft model (``type: draft-lm``): ``num_layers`` of the base's decoder
-    layers, initialised from its layers ``init_layers`` (default: evenly spaced), over its frozen embedding and
-    lm_head; trained with KL to the base's next-token distribution."""
-
-    type: str = "draft-lm"
-    num_layers: int = 2
-    init_layers: list[int] | None = None
-
-    def validate(self) -> None:
-        if self.num_layers <= 0:
-            raise ConfigError(f"heads.num_layers must be > 0, got {self.num_layers!r}")
-
-
-@dataclass
-class EagleHeadsConfig:
-    """The ``heads`` section of an EAGLE recipe (``type: eagle``).
-
-    ``layer_ids`` are indices into the base's ``hidden_states`` (EAGLE-3 only; default low/middle/high
-    ``(2, L // 2, L - 3)``). ``targets``: ``self`` trains on the base's own next-token distribution from the same
-    forward (self-distillation, free); ``corpus`` on the data's tokens.
-    """
-
-    type: str = "eagle"
-    version: int = 3
-    layer_ids: list[int] | None = None
-    draft_vocab_size: int | None = None  # EAGLE-3: the most frequent tokens of the training data (None: all)
-    fc_bias: bool | None = None  # default: True for EAGLE-1 (EAGLE repo, SGLang), False for EAGLE-3; vLLM: false
-    norm_before_residual: bool = False
-    targets: str = "self"  # self | corpus
-    ttt_steps: int = 7  # EAGLE-3 training-time test: the draft unrolled on its own outputs this many steps
-    ttt_decay: float = 0.8  # step i's cross-entropy weighs decay^i
-    feature_loss_weight: float = 1.0  # EAGLE-1: SmoothL1 on the predicted feature
-    ce_loss_weight: float = 0.1  # EAGLE-1: cross-entropy through the frozen lm_head
-    feature_noise: float = 0.2  # EAGLE-1: uniform noise of this width on the input features
-
-    def validate(self) -> None:
-        if self.version not in (1, 3):
-            raise ConfigError(f"heads.version is {self.version!r}; EAGLE versions are 1 and 3")
-        if self.targets not in ("self", "corpus"):
-            raise ConfigError(f"heads.targets is {self.targets!r}; choose one of ['corpus', 'self']")
-        if self.version == 1 and (self.layer_ids is not None or self.draft_vocab_size is not None):
-            raise ConfigError("heads.layer_ids and heads.draft_vocab_size are EAGLE-3 settings (heads.version=3)")
-        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
-            raise ConfigError(f"heads.draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
-        if self.layer_ids is not None and len(self.layer_ids) != 3:
-            raise ConfigError(f"heads.layer_ids names 3 base layers (low, middle, high), got {self.layer_ids}")
-        if self.ttt_steps < 1:
-            raise ConfigError(f"heads.ttt_steps must be >= 1, got {self.ttt_steps}")
-        if self.feature_noise < 0:
-            raise ConfigError(f"heads.feature_noise must be >= 0, got {self.feature_noise}")
-
-
-@dataclass
 class DataConfig:
     paths: list[str] = field(default_factory=list)  # files or folders; "sharegpt": the installed ShareGPT V3 file
     format: str = "text"  # sharegpt | text | jsonl
@@ -170,7 +98,7 @@ class OutputConfig:
 @dataclass
 class RecipeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
-    heads: HeadsConfig | EagleHeadsConfig | DraftHeadsConfig = field(default_factory=HeadsConfig)  # follows heads.type
+    heads: Any = field(default_factory=lambda: heads_section({})())  # the method's own section, by heads.type
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -198,8 +126,15 @@ class RecipeConfig:
             if value <= 0:
                 raise ConfigError(f"{key} must be > 0, got {value!r}")
         self.heads.validate()
-        if self.lora.enabled and self.heads.type != "medusa":
-            raise ConfigError("lora.enabled (joint training of the base) is a Medusa-2 setting; use heads.type=medusa")
+        if self.lora.enabled:
+            from specheads.methods.registry import HEAD_TYPES
+
+            joint = sorted(name for name, method in HEAD_TYPES.items() if method.joint_training)
+            if self.heads.type not in joint:
+                raise ConfigError(
+                    f"lora.enabled (joint training of the base) is a Medusa-2 setting, for heads.type in {joint}; "
+                    f"{self.heads.type!r} trains heads on a frozen base"
+                )
         if self.train.steps is not None and self.train.steps <= 0:
             raise ConfigError(f"train.steps must be > 0, got {self.train.steps}")
         if not self.data.paths:
@@ -267,8 +202,8 @@ def _build(cls: type, values: Any, prefix: str) -> Any:
 
 
 def heads_section(values: Any) -> type:
-    """The dataclass of the ``heads`` section, chosen by its ``type`` (see :mod:`specheads.heads.registry`)."""
-    from specheads.heads.registry import HEAD_TYPES
+    """The dataclass of the ``heads`` section, chosen by its ``type`` (see :mod:`specheads.methods.registry`)."""
+    from specheads.methods.registry import HEAD_TYPES
 
     kind = values.get("type", "medusa") if isinstance(values, dict) else "medusa"
     if kind not in HEAD_TYPES:

@@ -48,6 +48,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.inference.generation import GenerationConfig
 from specheads.inference.sampling import SamplingParams, probabilities, sample
 from specheads.loading import eos_token_ids, pad_token_id
 from specheads.metrics import SpecStats
@@ -264,7 +265,8 @@ def distill(
     return result
 
 
-_DISTILL_OWN_OPTIONS = frozenset({"temperature", "top_p", "top_k", "seed", "eos_token_id", "batch_size"})
+# The GenerationConfig fields distill sets from its own arguments (decoder_options may set the others).
+_DISTILL_OWN_OPTIONS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "seed", "eos_token_id"})
 
 
 def _check_decoder(
@@ -281,9 +283,10 @@ def _check_decoder(
             "the decoder wraps another model than base_model; build it on the same object, e.g. "
             "SpecDecoder.from_pretrained(base_model, heads=...)"
         )
-    clashes = sorted(_DISTILL_OWN_OPTIONS & set(options))
+    clashes = sorted((_DISTILL_OWN_OPTIONS | {"batch_size"}) & set(options))
     if clashes:
         raise ValueError(f"decoder_options may not set {clashes}: distill sets them from its own arguments")
+    decoder.check(**options)  # unknown keywords and bad values, before any record is decoded
     return options
 
 
@@ -344,8 +347,7 @@ def _speculate_batch(
     Rows keep their own lengths (no padding) and each is seeded with its record's seed, so a row draws what it would
     draw alone.
     """
-    out = decoder.generate(
-        list(encoded),
+    config = GenerationConfig.from_kwargs(
         max_new_tokens=max_new_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
@@ -354,6 +356,7 @@ def _speculate_batch(
         eos_token_id=stop_ids,  # [] (no stop token) stops nothing, as in the plain path
         **options,
     )
+    out = decoder.generate(list(encoded), generation_config=config)
     return [_cut_at_stop(row.new_tokens, stop_ids) for row in out], out.stats
 
 

@@ -1,11 +1,11 @@
 """Head training with Accelerate: ``setup -> train -> cleanup``, shared by every head type.
 
-The head type (``heads.type``) comes from :mod:`specheads.heads.registry`, which names how its heads are built, the
+The head type (``heads.type``) comes from :mod:`specheads.methods.registry`, which names how its heads are built, the
 loss of one micro-batch and the held-out evaluation; this module owns everything else (processes, data, optimizer,
-schedule, checkpoints, export). Medusa (:mod:`specheads.training.medusa`): Medusa-1 freezes the base, which runs once
-per batch for all heads; Medusa-2 (``lora.enabled``) trains peft LoRA adapters jointly with the heads under
-``L = lm_w * L_LM + sum_k w0 * decay^k * schedule * L_k``. EAGLE (:mod:`specheads.training.eagle`): the base is frozen
-and in the loop; EAGLE-1 regresses features, EAGLE-3 unrolls the draft on its own outputs.
+schedule, checkpoints, export). Medusa (:mod:`specheads.methods.medusa.train`): Medusa-1 freezes the base, which
+runs once per batch for all heads; Medusa-2 (``lora.enabled``) trains peft LoRA adapters jointly with the heads under
+``L = lm_w * L_LM + sum_k w0 * decay^k * schedule * L_k``. EAGLE (:mod:`specheads.methods.eagle.train`): the base is
+frozen and in the loop; EAGLE-1 regresses features, EAGLE-3 unrolls the draft on its own outputs.
 
 Accelerate owns processes, devices, mixed precision, trackers and ``save_state``/``load_state``. A checkpoint is
 written into a hidden temporary directory and renamed into place once complete, so a crash mid-write never leaves a
@@ -40,8 +40,8 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from specheads.heads.checkpoint import CONFIG_NAME, atomic_write
-from specheads.heads.registry import HEAD_TYPES, HeadType
 from specheads.loading import load_causal_lm, load_tokenizer
+from specheads.methods.registry import HEAD_TYPES, HeadType
 from specheads.training.config import ConfigError, RecipeConfig
 from specheads.training.data import build_dataset
 from specheads.training.evaluate import heldout_lm_loss

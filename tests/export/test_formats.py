@@ -1,4 +1,4 @@
-"""Each exporter against the engines' tables (EXPORT-FORMATS.md), the rule checker against broken directories, and
+"""Each exporter against the engines' loading tables, the rule checker against broken directories, and
 bad input refused with nothing written."""
 
 from __future__ import annotations

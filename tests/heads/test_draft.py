@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from specheads import SpecDecoder
 from specheads.heads import load_heads
 from specheads.heads.checkpoint import HeadCheckpointError
-from specheads.heads.draft import DraftLM, spaced_layers
+from specheads.methods.draft_lm.heads import DraftLM, spaced_layers
 from specheads.training.config import load_config
 from specheads.training.trainer import train
 
@@ -88,7 +88,7 @@ def test_the_trainer_distils_it(tmp_path) -> None:
     untrained.save_pretrained(root / "untrained")
     heads_dir = train(config)
     trained = json.loads((heads_dir / "eval.json").read_text())["agreement_with_base_greedy"][0]
-    from specheads.training.draft import draft_agreement
+    from specheads.methods.draft_lm.train import draft_agreement
 
     held_out = json.loads((heads_dir / "eval.json").read_text())
     assert held_out["positions"][0] > 0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import tiny_model
 
-from specheads import SpecDecoder, TreeError
+from specheads import GenerationConfig, SpecDecoder, TreeError
 from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
 
 PROMPT = torch.tensor([[5, 6, 7]])
@@ -31,29 +33,54 @@ def test_bad_prompts(decoder: SpecDecoder, prompt, message: str) -> None:
         decoder.generate(prompt, max_new_tokens=4)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "error", "message"),
-    [
-        (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
-        (dict(max_new_tokens=-3), ValueError, "max_new_tokens"),
-        (dict(temperature=-0.5), ValueError, "temperature"),
-        (dict(temperature=float("nan")), ValueError, "temperature"),
-        (dict(top_p=0.0), ValueError, "top_p"),
-        (dict(top_p=1.5), ValueError, "top_p"),
-        (dict(top_k=-1), ValueError, "top_k"),
-        (dict(acceptance="magic"), ValueError, "unknown acceptance rule"),
-        (dict(acceptance="greedy", temperature=0.7), ValueError, "rejection"),
-        (dict(tree=[[0], [0, 0, 0]]), TreeError, "no parent"),
-        (dict(tree=[[0], [1]]), ValueError, "chains"),
-        (dict(tree="no-such-tree"), TreeError, "unknown tree"),
-        (dict(num_speculative_tokens=0), ValueError, "num_speculative_tokens"),
-        (dict(frobnicate=True), TypeError, "unknown arguments"),
-    ],
-)
+BAD_ARGUMENTS = [
+    (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
+    (dict(max_new_tokens=-3), ValueError, "max_new_tokens"),
+    (dict(temperature=-0.5), ValueError, "temperature"),
+    (dict(temperature=float("nan")), ValueError, "temperature"),
+    (dict(top_p=0.0), ValueError, "top_p"),
+    (dict(top_p=1.5), ValueError, "top_p"),
+    (dict(top_k=-1), ValueError, "top_k"),
+    (dict(acceptance="magic"), ValueError, "unknown acceptance rule"),
+    (dict(acceptance="greedy", temperature=0.7), ValueError, "rejection"),
+    (dict(tree=[[0], [0, 0, 0]]), TreeError, "no parent"),
+    (dict(tree=[[0], [1]]), ValueError, "chains"),
+    (dict(tree="no-such-tree"), TreeError, "unknown tree"),
+    (dict(num_speculative_tokens=0), ValueError, "num_speculative_tokens"),
+    (dict(frobnicate=True), TypeError, "unknown arguments"),
+]
+# Refused by the drafter (it alone knows its trees and chain lengths), not by GenerationConfig itself.
+DRAFTER_CHECKED = ("tree", "num_speculative_tokens")
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), BAD_ARGUMENTS)
 def test_bad_generation_arguments(decoder: SpecDecoder, kwargs: dict, error: type, message: str) -> None:
     kwargs = {"max_new_tokens": 4, **kwargs}
     with pytest.raises(error, match=message):
         decoder.generate(PROMPT, **kwargs)
+    with pytest.raises(error, match=message):  # the same check without a prompt or any compute
+        decoder.check(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"), [row for row in BAD_ARGUMENTS if not set(row[0]) & set(DRAFTER_CHECKED)]
+)
+def test_generation_config_refuses_what_generate_refuses(kwargs: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        GenerationConfig.from_kwargs(**kwargs)
+
+
+def test_generation_config_is_the_arguments_of_generate(decoder: SpecDecoder) -> None:
+    """A config object and the same keywords decode the same; keywords override the config's fields."""
+    config = GenerationConfig(max_new_tokens=6, temperature=0.8, seed=3)
+    by_config = decoder.generate(PROMPT, generation_config=config)
+    by_keywords = decoder.generate(PROMPT, max_new_tokens=6, temperature=0.8, seed=3)
+    assert by_config.new_tokens == by_keywords.new_tokens and len(by_config.new_tokens) == 6
+    greedy = GenerationConfig(max_new_tokens=6)
+    shorter = decoder.generate(PROMPT, generation_config=greedy, max_new_tokens=2)  # the keyword wins
+    assert shorter.new_tokens == decoder.generate(PROMPT, generation_config=greedy).new_tokens[:2]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.temperature = 0.0  # type: ignore[misc]
 
 
 def test_prompt_at_or_over_the_model_length() -> None:
@@ -121,7 +148,7 @@ def test_bad_generate_arguments_are_named(llama, kwargs: dict, message: str) -> 
 
 def test_a_medusa_tree_wider_than_the_vocabulary_is_named(llama) -> None:
     from specheads.heads import MedusaHeads
-    from specheads.inference.drafters import MedusaDrafter
+    from specheads.methods.medusa.drafter import MedusaDrafter
 
     decoder = SpecDecoder(llama, MedusaDrafter(MedusaHeads.from_base(llama, num_heads=2)))
     with pytest.raises(ValueError, match="rank 9999 but the vocabulary has"):

@@ -12,15 +12,17 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import ARCHITECTURES, _StubDrafter, base_samples, greedy_reference, tiny_model, train_eagle_head
-from scipy.stats import chisquare
 
 from specheads import SpecDecoder
 from specheads.heads import MedusaHeads
 from specheads.inference import kv_cache
-from specheads.inference.drafters import DraftModelDrafter, MedusaDrafter, NoDrafter, PromptLookupDrafter
-from specheads.inference.eagle import EagleDrafter
+from specheads.inference.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
+from specheads.inference.oracle import chi_square_p, pair_counts, two_token_distribution
+from specheads.inference.sampling import SamplingParams
 from specheads.inference.state import Proposal
 from specheads.inference.trees import resolve_tree
+from specheads.methods.eagle.drafter import EagleDrafter
+from specheads.methods.medusa.drafter import MedusaDrafter
 
 VOCAB = 96
 LENGTHS = (1, 3, 9, 17, 40, 2, 25, 5)
@@ -140,18 +142,18 @@ def test_batch_size_splits_the_list_and_changes_nothing() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the cache
-class _CacheChecker:
+class _CacheChecker(Drafter):
     """Wraps a drafter: after every commit, each row's base cache must equal one rebuilt from its committed tokens,
     in the buffers allocated at prefill."""
 
     def __init__(self, base, drafter) -> None:
         self.base, self.drafter = base, drafter
         self.name, self.hidden_state_layers = drafter.name, drafter.hidden_state_layers
+        self.dynamic = drafter.dynamic
         self.buffers: list[int] | None = None
         self.checks = 0
-
-    def __getattr__(self, name):
-        return getattr(self.drafter, name)
+        for hook in ("check_request", "resolve", "max_nodes", "gives_draft_probs", "reset", "propose", "keep_rows"):
+            setattr(self, hook, getattr(drafter, hook))  # every other hook is the wrapped drafter's
 
     def accepted(self, state, num_accepted) -> None:
         cache = state.cache
@@ -189,13 +191,7 @@ PROMPT = [3, 5, 7]
 
 
 def _joint(base, temperature: float) -> torch.Tensor:
-    with torch.no_grad():
-        first = (base(torch.tensor([PROMPT])).logits[0, -1] / temperature).softmax(-1)
-        joint = torch.zeros(SMALL, SMALL)
-        for token in range(SMALL):
-            nxt = base(torch.tensor([[*PROMPT, token]])).logits[0, -1]
-            joint[token] = first[token] * (nxt / temperature).softmax(-1)
-    return joint
+    return two_token_distribution(base, torch.tensor([PROMPT]), SamplingParams(temperature))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -209,15 +205,8 @@ def test_rejection_sampling_per_row_matches_the_base_next_to_other_rows(temperat
     outs = decoder.generate(
         prompts, max_new_tokens=2, temperature=temperature, acceptance="rejection", seed=list(range(len(prompts)))
     )
-    counts = torch.zeros(SMALL * SMALL)
-    for out in outs[::2]:
-        counts[out.new_tokens[0] * SMALL + out.new_tokens[1]] += 1
-    expected = _joint(base, temperature).flatten() * samples
-    small = expected < 5
-    observed = torch.cat([counts[~small], counts[small].sum(dim=0, keepdim=True)])
-    expected = torch.cat([expected[~small], expected[small].sum(dim=0, keepdim=True)])
-    observed, expected = observed[expected > 0], expected[expected > 0]
-    assert chisquare(observed.numpy(), (expected * observed.sum() / expected.sum()).numpy()).pvalue > 1e-3
+    counts = pair_counts([out.new_tokens for out in outs[::2]], SMALL)
+    assert chi_square_p(counts, _joint(base, temperature)) > 1e-3
 
 
 @pytest.mark.parametrize("method", ["draft", "prompt-lookup", "eagle-dynamic"])

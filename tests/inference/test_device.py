@@ -13,11 +13,13 @@ import os
 import pytest
 import torch
 from helpers import base_samples, greedy_reference, tiny_model, train_eagle_head, train_medusa_heads
-from scipy.stats import chisquare
 
 from specheads import SpecDecoder
-from specheads.inference.drafters import DraftModelDrafter, MedusaDrafter, NoDrafter, PromptLookupDrafter
-from specheads.inference.eagle import EagleDrafter
+from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
+from specheads.inference.oracle import chi_square_p, pair_counts, two_token_distribution
+from specheads.inference.sampling import SamplingParams
+from specheads.methods.eagle.drafter import EagleDrafter
+from specheads.methods.medusa.drafter import MedusaDrafter
 
 DEVICE = os.environ.get("SPECHEADS_TEST_DEVICE", "cuda")
 pytestmark = [
@@ -111,23 +113,14 @@ def test_rejection_sampling_on_the_device_follows_the_base_distribution() -> Non
     vocab, samples, prompt = 12, 2000, torch.tensor([[3, 5, 7]])
     base = tiny_model("llama", seed=3, vocab_size=vocab, hidden=16, layers=1, logit_scale=30)
     draft = tiny_model("llama", seed=4, vocab_size=vocab, hidden=16, layers=1, logit_scale=15)
-    with torch.no_grad():  # the exact joint distribution of two sampled tokens at temperature 1, on the CPU
-        first = base(prompt).logits[0, -1].softmax(-1)
-        joint = torch.stack(
-            [
-                first[t] * base(torch.cat([prompt, torch.tensor([[t]])], 1)).logits[0, -1].softmax(-1)
-                for t in range(vocab)
-            ]
-        )
+    joint = two_token_distribution(base, prompt, SamplingParams(1.0))  # exact, on the CPU
     decoder = SpecDecoder(_on(base, torch.float32), DraftModelDrafter(_on(draft, torch.float32), 3))
-    counts = torch.zeros(vocab * vocab)
-    for seed in range(samples):
-        out = decoder.generate(prompt.to(DEVICE), max_new_tokens=2, temperature=1.0, acceptance="rejection", seed=seed)
-        counts[out.new_tokens[0] * vocab + out.new_tokens[1]] += 1
-    expected = joint.flatten() * samples
-    small = expected < 5  # pooled so that the chi-square approximation holds
-    observed = torch.cat([counts[~small], counts[small].sum(0, keepdim=True)])
-    expected = torch.cat([expected[~small], expected[small].sum(0, keepdim=True)])
-    keep = expected > 0
-    observed, expected = observed[keep], expected[keep] * observed[keep].sum() / expected[keep].sum()
-    assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
+    outs = decoder.generate(
+        [prompt[0].to(DEVICE)] * samples,
+        max_new_tokens=2,
+        temperature=1.0,
+        acceptance="rejection",
+        seed=list(range(samples)),
+        batch_size=500,
+    )
+    assert chi_square_p(pair_counts([out.new_tokens for out in outs], vocab), joint) > 1e-3

@@ -19,11 +19,11 @@ from safetensors.torch import load_file, save_file
 from specheads import HeadCheckpointError, SpecDecoder, TreeError, load_heads
 from specheads.heads import EagleHead, MedusaHeads
 from specheads.inference import kv_cache
-from specheads.inference.drafters import MedusaDrafter
-from specheads.inference.eagle import EagleDrafter, _EagleState, _Root
 from specheads.inference.sampling import SamplingParams
 from specheads.inference.state import DecodeState, DraftRequest
 from specheads.inference.trees import DynamicTree, resolve_tree
+from specheads.methods.eagle.drafter import EagleDrafter, _EagleState, _Root
+from specheads.methods.medusa.drafter import MedusaDrafter
 
 VOCAB = 96
 STATIC_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
@@ -344,7 +344,7 @@ def test_static_tree_nodes_are_the_drafts_top_k_at_their_rank() -> None:
     drafter = _RecordingDrafter(head)
     drafter.reset(state)
     tree = resolve_tree([[0], [1], [2], [0, 0], [0, 2], [1, 1], [0, 0, 1], [0, 2, 0]])
-    proposal = drafter.propose(state, DraftRequest(SamplingParams(), None, max_depth=10, tree=tree))
+    proposal = drafter.propose(state, DraftRequest(SamplingParams(), max_depth=10, tree=tree))
     assert proposal.tree is tree and proposal.draft_probs is None
     with torch.no_grad():
         chains = [_chain(head, base, prompt, path) for path in tree.choices]

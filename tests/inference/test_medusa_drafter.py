@@ -8,7 +8,7 @@ from helpers import ARCHITECTURES, greedy_reference, tiny_model
 
 from specheads import SpecDecoder
 from specheads.heads import MedusaHeads
-from specheads.inference.drafters import MedusaDrafter
+from specheads.methods.medusa.drafter import MedusaDrafter
 
 
 def _random_heads(base, num_heads: int = 4, seed: int = 0) -> MedusaHeads:
@@ -42,7 +42,7 @@ def test_node_tokens_are_the_heads_top_k_at_their_depth_and_rank() -> None:
     hidden = torch.randn(1, 4, base.config.hidden_size)
     state = DecodeState(torch.zeros(1, 8, dtype=torch.long), [5], [5], kv_cache.new_cache(), (hidden,), [False])
     tree = resolve_tree([[0], [1], [0, 0], [0, 2], [1, 1], [0, 0, 1]])
-    request = DraftRequest(SamplingParams(), None, max_depth=10, tree=tree)
+    request = DraftRequest(SamplingParams(), max_depth=10, tree=tree)
     proposal = MedusaDrafter(heads).propose(state, request)
     top = heads(hidden[:, -1]).topk(3, dim=-1).indices[:, 0]  # [heads, 3]
     expected = [int(top[len(path) - 1, path[-1]]) for path in tree.choices]

@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import RandomTreeDrafter, tiny_model
-from scipy.stats import chisquare
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from specheads import SpecDecoder
 from specheads.heads import EagleHead
 from specheads.inference.drafters import DraftModelDrafter
-from specheads.inference.eagle import EagleDrafter
+from specheads.inference.oracle import chi_square_p, pair_counts, two_token_distribution
+from specheads.inference.sampling import SamplingParams
 from specheads.inference.trees import resolve_tree
+from specheads.methods.eagle.drafter import EagleDrafter
 from specheads.training.losses import draft_cross_entropy, eagle_targets
 
 VOCAB = 12
@@ -28,39 +28,15 @@ SAMPLES = 3000
 
 def _base_distribution(model, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """Exact ``P(t1, t2)`` ``[V, V]`` of the base sampling two tokens after PROMPT."""
-    warpers = [TemperatureLogitsWarper(temperature)]
-    if top_k:
-        warpers.append(TopKLogitsWarper(top_k))
-    if top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p))
-
-    def probs(ids: torch.Tensor) -> torch.Tensor:
-        scores = model(ids).logits[:, -1, :]
-        for warper in warpers:
-            scores = warper(ids, scores)
-        return scores.softmax(dim=-1)[0]
-
-    with torch.no_grad():
-        first = probs(PROMPT)
-        joint = torch.zeros(VOCAB, VOCAB)
-        for token in range(VOCAB):
-            joint[token] = first[token] * probs(torch.cat([PROMPT, torch.tensor([[token]])], dim=1))
-    return joint
+    return two_token_distribution(model, PROMPT, SamplingParams(temperature, top_k, top_p))
 
 
 def _p_value(decoder: SpecDecoder, joint: torch.Tensor, **kwargs) -> float:
-    counts = torch.zeros(VOCAB * VOCAB)
-    for seed in range(SAMPLES):
-        out = decoder.generate(PROMPT, max_new_tokens=2, seed=seed, **kwargs)
-        counts[out.new_tokens[0] * VOCAB + out.new_tokens[1]] += 1
-    expected = joint.flatten() * SAMPLES
-    # Cells with tiny expectations are pooled so that the chi-square approximation holds.
-    small = expected < 5
-    observed = torch.cat([counts[~small], counts[small].sum(dim=0, keepdim=True)])
-    expected = torch.cat([expected[~small], expected[small].sum(dim=0, keepdim=True)])
-    observed, expected = observed[expected > 0], expected[expected > 0]
-    expected = expected * observed.sum() / expected.sum()
-    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
+    """SAMPLES decodes of two tokens, seeds 0..SAMPLES-1, as batched rows (a row draws what it draws alone)."""
+    outs = decoder.generate(
+        [PROMPT[0]] * SAMPLES, max_new_tokens=2, seed=list(range(SAMPLES)), batch_size=500, **kwargs
+    )
+    return chi_square_p(pair_counts([out.new_tokens for out in outs], VOCAB), joint)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +96,7 @@ def test_seed_makes_sampling_reproducible(base, draft) -> None:
 
 def test_medusa_tree_samples_the_base_distribution(base) -> None:
     from specheads.heads import MedusaHeads
-    from specheads.inference.drafters import MedusaDrafter
+    from specheads.methods.medusa.drafter import MedusaDrafter
 
     heads = MedusaHeads.from_base(base, num_heads=2)
     with torch.no_grad():
@@ -137,7 +113,7 @@ class _CountingEagleDrafter(EagleDrafter):
     accepted_drafts = 0
 
     def accepted(self, state, num_accepted) -> None:
-        self.accepted_drafts += num_accepted[0]
+        self.accepted_drafts += sum(num_accepted)  # every row of the batch
         super().accepted(state, num_accepted)
 
 

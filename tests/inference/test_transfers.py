@@ -16,8 +16,9 @@ from helpers import tiny_model
 from specheads import SpecDecoder
 from specheads.heads import EagleHead, MedusaHeads
 from specheads.inference.decoder import SpecDecoder as _Decoder
-from specheads.inference.drafters import DraftModelDrafter, MedusaDrafter, PromptLookupDrafter
-from specheads.inference.eagle import EagleDrafter
+from specheads.inference.drafters import DraftModelDrafter, PromptLookupDrafter
+from specheads.methods.eagle.drafter import EagleDrafter
+from specheads.methods.medusa.drafter import MedusaDrafter
 
 BUDGET = 2  # the acceptance's one read, and the drafter's one (a dynamic tree's shape, a draft model's counts)
 _READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__")

@@ -313,7 +313,7 @@ def test_held_out_evaluation_runs_on_the_device_with_batches_from_a_cpu_loader()
     from helpers import base_samples, tiny_model
 
     from specheads.heads import EagleHead, MedusaHeads
-    from specheads.training.eagle import eagle_agreement
+    from specheads.methods.eagle.train import eagle_agreement
     from specheads.training.evaluate import head_agreement
 
     base = tiny_model("llama", layers=4).cuda()

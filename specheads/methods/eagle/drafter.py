@@ -5,7 +5,7 @@ for t = 0 .. L - 2 where L is the number of committed tokens (the last pair hold
 token, with the base's feature of the token before it). Its output at the last pair stands for the feature of the
 root and gives the depth-1 candidates. A depth-d node is fed as (its token, its parent's draft output) at position
 L - 2 + d and attends to every committed pair and to its own ancestors, exactly as the head was trained
-(:meth:`specheads.heads.eagle.EagleHead.forward`).
+(:meth:`specheads.methods.eagle.heads.EagleHead.forward`).
 
 After the base verified a tree, the draft's tree entries are dropped (:func:`kv_cache.crop` back to the committed
 pairs): the accepted tokens are fed again next time, paired with the base's *true* features, which the base has
@@ -20,11 +20,14 @@ deterministic top-k candidates, so every acceptance rule treats them as one-hot:
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
 
 from specheads.inference import kv_cache
+from specheads.inference.drafters import Drafter
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
 from specheads.inference.trees import DynamicTree, TreeBuffers, resolve_tree, tree_from_parents
 
@@ -58,10 +61,10 @@ class _EagleState:
     consumed_on_device: torch.Tensor | None = None
 
 
-class EagleDrafter:
-    """Drafts trees with an :class:`~specheads.heads.eagle.EagleHead` (see the module docstring), for every row of a
-    batch at once: each row has its own committed pairs, root, and (for dynamic trees) its own tree shape; a static
-    tree is the same for every row.
+class EagleDrafter(Drafter):
+    """Drafts trees with an :class:`~specheads.methods.eagle.heads.EagleHead` (see the module docstring), for every
+    row of a batch at once: each row has its own committed pairs, root, and (for dynamic trees) its own tree shape; a
+    static tree is the same for every row.
 
     Args:
         head: an EAGLE head bound to the base (``attach_base``).
@@ -326,6 +329,29 @@ class EagleDrafter:
         for i, row_parents in enumerate(kept_parents.tolist()):  # the one transfer: each row's tree shape
             drafted.append((kept_tokens[i], tree_from_parents([-1, *row_parents])))
         return drafted
+
+
+def measure_draft_cost(head: torch.nn.Module, prefix_len: int = 256, width: int = 4, repeats: int = 10) -> float:
+    """Median ms of one EAGLE draft level: ``width`` nodes over a ``prefix_len``-pair draft cache, plus logits (the
+    draft-cost model calibration adds per tree depth)."""
+    device = head.fc.weight.device
+    hidden = torch.zeros(1, prefix_len, head.config.hidden_size, device=device, dtype=head.fc.weight.dtype)
+    ids = torch.zeros(1, prefix_len, dtype=torch.long, device=device)
+    cache = kv_cache.new_cache()
+    mask = torch.ones(prefix_len, prefix_len, dtype=torch.bool, device=device).tril()[None, None]
+    head.step(ids, hidden, torch.arange(prefix_len, device=device)[None], mask, cache)
+    level_mask = torch.ones(1, 1, width, prefix_len + width, dtype=torch.bool, device=device)
+    positions = torch.full((1, width), prefix_len, device=device)
+    samples = []
+    for _ in range(repeats + 2):
+        start = time.perf_counter()
+        out = head.step(ids[:, :width], hidden[:, :width], positions, level_mask, cache)
+        head.logits(out).log_softmax(dim=-1).topk(width)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        samples.append(1000 * (time.perf_counter() - start))
+        kv_cache.crop(cache, prefix_len)
+    return statistics.median(samples[2:])
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from specheads.heads.eagle import EagleHead
 from specheads.loading import vocab_size
-from specheads.training.config import EagleHeadsConfig
+from specheads.methods.eagle.config import EagleHeadsConfig
+from specheads.methods.eagle.heads import EagleHead
 from specheads.training.evaluate import RANKS, agreement_summary
 from specheads.training.features import base_output
 from specheads.training.losses import UnrolledLosses, eagle1_loss, eagle_loss, projected_top_k, ttt_weights

@@ -5,7 +5,7 @@ draft made from the base itself. :meth:`DraftLM.from_base` builds one the way la
 (DistilBERT's initialisation from the teacher's layers): the base's config with ``num_layers`` decoder layers,
 initialised from the base's layers ``init_layers`` (default: evenly spaced from first to last), its final norm, and
 its embedding and lm_head copied and frozen, so only the layers and the norm train. The trainer distils it with
-``KL(base || draft)`` on the next-token distributions (``specheads.training.draft``).
+``KL(base || draft)`` on the next-token distributions (``specheads.methods.draft_lm.train``).
 
 Its checkpoint is at once a specheads checkpoint (``config.json`` with ``head_type: draft-lm``, ``model.safetensors``)
 and an ordinary transformers model folder, so ``SpecDecoder.from_pretrained(base, draft_model=DIR)``, transformers'
@@ -77,14 +77,17 @@ class DraftLM(torch.nn.Module):
         if getattr(config, "layer_types", None):
             config.layer_types = [config.layer_types[i] for i in layers]
         model = AutoModelForCausalLM.from_config(config).to(base_model.dtype)
-        base_layers = _decoder_layers(base_model)
-        with torch.no_grad():
-            for mine, theirs in zip(_decoder_layers(model), layers, strict=True):
-                mine.load_state_dict(base_layers[theirs].state_dict())
-            model.get_input_embeddings().weight.copy_(base_model.get_input_embeddings().weight)
-            if not config.tie_word_embeddings:
-                model.get_output_embeddings().weight.copy_(base_model.get_output_embeddings().weight)
-            model.model.norm.load_state_dict(base_model.model.norm.state_dict())
+        prefix = _layers_prefix(base_model)
+        chosen = {str(theirs): str(mine) for mine, theirs in enumerate(layers)}
+        state = {}
+        for key, value in base_model.state_dict().items():  # everything but the layers left out, renumbered
+            if key.startswith(prefix):
+                index, _, rest = key[len(prefix) :].partition(".")
+                if index not in chosen:
+                    continue
+                key = f"{prefix}{chosen[index]}.{rest}"
+            state[key] = value
+        model.load_state_dict(state, strict=False)  # tied lm_heads and non-persistent buffers may be absent
         draft = cls(DraftConfig(num_layers, layers, base_model_info(base_model)), model)
         draft.freeze_vocabulary()
         return draft
@@ -100,7 +103,7 @@ class DraftLM(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, T, H]`` the draft's final hidden states (its lm_head reads them)."""
-        out = self.model.model(input_ids=input_ids, attention_mask=attention_mask)
+        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask)
         return out.last_hidden_state
 
     def save_pretrained(self, directory: str | Path) -> None:
@@ -123,7 +126,8 @@ class DraftLM(torch.nn.Module):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **model_config))
         if model.config.tie_word_embeddings:
             model.tie_weights()
-            tensors = {**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"]}
+            embedding = next(k for k, v in model.named_parameters() if v is model.get_input_embeddings().weight)
+            tensors = {**tensors, "lm_head.weight": tensors[embedding]}
         draft = cls(record, model)
         load_module_state(draft.model, tensors, where)
         draft.freeze_vocabulary()
@@ -135,11 +139,14 @@ class DraftLM(torch.nn.Module):
         return DraftModelDrafter(self.model, **kwargs)
 
 
-def _decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no model.layers: a draft is made from Llama-like decoders")
-    return layers
+def _layers_prefix(model: PreTrainedModel) -> str:
+    """The state-dict prefix of the decoder layers (``model.layers.`` for Llama-likes, ``transformer.h.`` for GPT-2):
+    the inner model's module list with one entry per layer."""
+    total = int(model.config.num_hidden_layers)
+    for name, module in model.base_model.named_children():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == total:
+            return f"{model.base_model_prefix}.{name}."
+    raise ValueError(f"{type(model).__name__}: no list of {total} decoder layers found to make a draft from")
 
 
 def draft_drafter(heads: DraftLM, **kwargs: Any) -> Any:

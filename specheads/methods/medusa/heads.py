@@ -23,7 +23,7 @@ from specheads.heads.checkpoint import (
     load_module_state,
     save_checkpoint,
 )
-from specheads.heads.registry import Readout
+from specheads.methods.registry import Readout
 
 
 class ResBlock(nn.Module):
@@ -66,6 +66,8 @@ class MedusaHeads(nn.Module):
         config: the heads' hyper-parameters.
         base_lm_head: the base's output projection, required when ``config.share_lm_head`` (not saved with the heads).
     """
+
+    family = "Medusa"  # how messages name these heads
 
     def __init__(self, config: MedusaConfig, base_lm_head: nn.Linear | None = None) -> None:
         super().__init__()

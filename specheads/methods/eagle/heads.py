@@ -49,9 +49,9 @@ from specheads.heads.checkpoint import (
     load_module_state,
     save_checkpoint,
 )
-from specheads.heads.registry import Readout
 from specheads.inference import kv_cache
 from specheads.loading import vocab_size
+from specheads.methods.registry import Readout
 
 
 @dataclass
@@ -211,6 +211,8 @@ class EagleHead(nn.Module):
             :meth:`attach_base` when loading.
     """
 
+    family = "EAGLE"  # with config.version, how messages name these heads (EAGLE-1, EAGLE-3)
+
     def __init__(self, config: EagleConfig, base_model: PreTrainedModel | None = None) -> None:
         super().__init__()
         self.config = config
@@ -369,7 +371,8 @@ class EagleHead(nn.Module):
             features: ``[B, T, H]`` the feature of each position (from :meth:`fuse`, or an earlier step's output).
             position_ids: ``[B, T]``.
             attention_mask: ``[B, 1, T, cached + T]`` bool, True where attention is allowed (None: one query).
-            cache: the draft's own key/value cache (a transformers ``DynamicCache``), extended in place.
+            cache: the draft's own key/value cache (the drafter's :class:`~specheads.inference.kv_cache.SlotCache`, or
+                a transformers ``DynamicCache`` in training-time unrolls and tests), extended in place.
 
         Returns:
             ``[B, T, H]`` the draft's output, standing for the feature of position t + 1.

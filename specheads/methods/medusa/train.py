@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from specheads.heads.medusa import MedusaHeads
-from specheads.training.config import HeadsConfig
+from specheads.methods.medusa.config import HeadsConfig
+from specheads.methods.medusa.heads import MedusaHeads
 from specheads.training.features import base_output
 from specheads.training.losses import (
     distillation_loss,

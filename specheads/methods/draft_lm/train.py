@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from specheads.heads.draft import DraftLM
+from specheads.methods.draft_lm.heads import DraftLM
 from specheads.training.features import base_output
 from specheads.training.losses import TeacherLogits, linear_cross_entropy, projected_top_k
 

@@ -1,0 +1,66 @@
+"""The exact output distribution of a base's sampling, for checking that speculative sampling is lossless.
+
+:func:`two_token_distribution` enumerates ``P(t1, t2)`` of the base sampling two tokens after a prompt (every first
+token, then the base's warped distribution after it), with transformers' own logits warpers; :func:`chi_square_p`
+compares counts of decoded pairs with it, pooling the cells a chi-square test cannot use. The tests of every
+sampling path and the claims benchmark read both from here.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from specheads.inference.sampling import SamplingParams
+
+
+@torch.no_grad()
+def two_token_distribution(model: PreTrainedModel, prompt: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """``[V, V]``: the probability that the base samples ``t1`` then ``t2`` after ``prompt`` (``[1, T]``), with the
+    temperature, top-k and top-p of ``sampling`` applied as transformers' ``generate(do_sample=True)`` applies them.
+    """
+    warpers = [TemperatureLogitsWarper(sampling.temperature)]
+    if sampling.top_k:
+        warpers.append(TopKLogitsWarper(sampling.top_k))
+    if sampling.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(sampling.top_p))
+    prompt = prompt.to(model.device)
+
+    def next_probs(ids: torch.Tensor) -> torch.Tensor:
+        scores = model(ids).logits[:, -1, :].float()
+        for warper in warpers:
+            scores = warper(ids, scores)
+        return scores.softmax(dim=-1)  # [B, V]
+
+    first = next_probs(prompt)[0]  # [V]
+    vocab = first.shape[0]
+    followers = torch.cat([prompt.expand(vocab, -1), torch.arange(vocab, device=prompt.device)[:, None]], dim=1)
+    return (first[:, None] * next_probs(followers)).cpu()  # every first token at once: [V, V]
+
+
+def chi_square_p(counts: torch.Tensor, probabilities: torch.Tensor, minimum: float = 5.0) -> float:
+    """The chi-square p-value of ``counts`` against ``probabilities`` (same shape, any), with the cells whose
+    expectation is below ``minimum`` pooled into one so that the approximation holds; impossible cells must be
+    empty (a count there is p = 0)."""
+    from scipy.stats import chisquare
+
+    counts, probabilities = counts.flatten().double(), probabilities.flatten().double()
+    if counts[probabilities <= 0].sum() > 0:
+        return 0.0
+    expected = probabilities / probabilities.sum() * counts.sum()
+    small = expected < minimum
+    observed = torch.cat([counts[~small], counts[small].sum(dim=0, keepdim=True)])
+    expected = torch.cat([expected[~small], expected[small].sum(dim=0, keepdim=True)])
+    keep = expected > 0
+    observed, expected = observed[keep], expected[keep]
+    if observed.numel() < 2:  # one possible outcome, and every count fell on it
+        return 1.0
+    return float(chisquare(observed.numpy(), (expected * observed.sum() / expected.sum()).numpy()).pvalue)
+
+
+def pair_counts(pairs: list[list[int]], vocab: int) -> torch.Tensor:
+    """``[V, V]`` counts of the first two tokens of each output."""
+    counts = torch.zeros(vocab, vocab)
+    for tokens in pairs:
+        counts[tokens[0], tokens[1]] += 1
+    return counts

@@ -1,0 +1,1 @@
+"""A draft model distilled from the base: recipe section, model, training step."""

@@ -1,0 +1,1 @@
+"""Medusa-1/2 heads: recipe section, heads, drafter, training step."""

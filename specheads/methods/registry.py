@@ -1,0 +1,169 @@
+"""One registry of methods with trained drafters: each entry names everything about one method, which lives in its
+own folder (``specheads/methods/<name>/``: recipe section, heads module, drafter, training step and evaluation).
+
+The entry also states what the rest of specheads asks of a method: the export formats it writes, the engine layouts
+whose folders load as it, its draft-cost model for ``calibrate``, whether it grows dynamic trees, whether it can
+train jointly with the base. The decoder, CLI, trainer, calibration and export read these fields instead of
+branching on a method's name; a new method is a folder and an entry.
+
+Entries name their parts as ``"module:attribute"`` strings resolved on first use (as torchtune's ``_component_``
+configs do), so that the registry (read by ``specheads --help``) imports neither torch nor the method's code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the CLI imports this registry for its --help: torch loads only when a command needs it
+    import torch
+
+# What a head module's ``forward(..., readout=fn)`` calls instead of computing logits: ``fn(index, inputs, weight,
+# bias)`` with ``F.linear(inputs, weight, bias)`` the logits of head / draft step ``index``; its results are returned.
+Readout = Callable[[int, "torch.Tensor", "torch.Tensor", "torch.Tensor | None"], Any]
+
+
+def _resolve(path: str) -> Any:
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True)
+class HeadType:
+    """Where everything about one head type lives.
+
+    Attributes:
+        name: ``head_type`` in checkpoints, ``heads.type`` in recipes and the decoding ``method``.
+        module: the ``nn.Module`` class (``from_base``, ``from_checkpoint``, ``save_pretrained``, ``attach_base``).
+        recipe: the dataclass of the recipe's ``heads`` section.
+        build: ``build(base, section, dataset) -> heads``: fresh heads for training.
+        train_step: ``train_step(run, batch) -> (loss, metrics)``: the loss of one micro-batch, base in the loop.
+        evaluate: ``evaluate(base, heads, batches, max_batches) -> dict``: held-out agreement with the base's
+            greedy token per depth (``agreement_with_base_greedy``, ``agreement_by_rank``, ...).
+        drafter: ``drafter(heads) -> Drafter``.
+        bench_trees: the trees ``specheads bench`` decodes these heads with by default (rows ``<type>-<tree>``).
+        formats: the export formats (``specheads export --format``) these heads are written in.
+        layouts: the engine layouts (as :func:`specheads.export.formats.foreign_format` names them) whose folders
+            load as these heads.
+        draft_cost: ``"module:function"``, ``function(heads) -> ms``: the cost of one draft level, which calibration
+            adds per tree depth (None: drafting costs the same at any depth, e.g. one forward of all heads).
+        dynamic_trees: the drafter grows EAGLE-2 dynamic trees (``tree="dynamic"``).
+        joint_training: the recipe may train the base with the heads (``lora.enabled``, Medusa-2).
+        exports: ``"module:attribute"``, a ``{format: ExportFormat}`` mapping (:class:`specheads.export.formats.
+            ExportFormat`): how each of ``formats`` is written, read, checked and recognised.
+    """
+
+    name: str
+    module: str
+    recipe: str
+    build: str
+    train_step: str
+    evaluate: str
+    drafter: str
+    bench_trees: tuple[str, ...] = ()
+    formats: tuple[str, ...] = ()
+    layouts: tuple[str, ...] = ()
+    draft_cost: str | None = None
+    dynamic_trees: bool = False
+    joint_training: bool = False
+    exports: str | None = None
+
+    def module_class(self) -> type:
+        return _resolve(self.module)
+
+    def recipe_section(self) -> type:
+        return _resolve(self.recipe)
+
+    def build_heads(self, base: Any, section: Any, dataset: Any) -> Any:
+        return _resolve(self.build)(base, section, dataset)
+
+    def train_step_fn(self) -> Any:
+        return _resolve(self.train_step)
+
+    def evaluate_fn(self) -> Any:
+        return _resolve(self.evaluate)
+
+    def make_drafter(self, heads: Any, **kwargs: Any) -> Any:
+        return _resolve(self.drafter)(heads, **kwargs)
+
+    def export_formats(self) -> dict[str, Any]:
+        """``{format: ExportFormat}`` of this method (empty when it exports nothing)."""
+        return {} if self.exports is None else dict(_resolve(self.exports))
+
+    def draft_cost_ms(self, heads: Any) -> float:
+        """Milliseconds one more draft level costs (0.0 when depth costs nothing extra)."""
+        return 0.0 if self.draft_cost is None else float(_resolve(self.draft_cost)(heads))
+
+
+HEAD_TYPES: dict[str, HeadType] = {
+    "medusa": HeadType(
+        name="medusa",
+        module="specheads.methods.medusa.heads:MedusaHeads",
+        recipe="specheads.methods.medusa.config:HeadsConfig",
+        build="specheads.methods.medusa.train:build_heads",
+        train_step="specheads.methods.medusa.train:train_step",
+        evaluate="specheads.training.evaluate:head_agreement",
+        drafter="specheads.methods.medusa.drafter:MedusaDrafter",
+        bench_trees=("chain-2", "chain-3", "binary-7"),
+        formats=("medusa",),
+        layouts=("medusa",),
+        exports="specheads.methods.medusa.export:FORMATS",
+        joint_training=True,
+    ),
+    "eagle": HeadType(
+        name="eagle",
+        module="specheads.methods.eagle.heads:EagleHead",
+        recipe="specheads.methods.eagle.config:EagleHeadsConfig",
+        build="specheads.methods.eagle.train:build_heads",
+        train_step="specheads.methods.eagle.train:train_step",
+        evaluate="specheads.methods.eagle.train:eagle_agreement",
+        drafter="specheads.methods.eagle.drafter:EagleDrafter",
+        bench_trees=("chain-3", "chain-5", "binary-7", "dynamic", "dynamic-4-5-16", "auto"),
+        formats=("eagle3", "speculators", "eagle", "gguf"),
+        layouts=("eagle3", "speculators", "eagle"),
+        exports="specheads.methods.eagle.export:FORMATS",
+        draft_cost="specheads.methods.eagle.drafter:measure_draft_cost",
+        dynamic_trees=True,
+    ),
+    "draft-lm": HeadType(
+        name="draft-lm",
+        module="specheads.methods.draft_lm.heads:DraftLM",
+        recipe="specheads.methods.draft_lm.config:DraftHeadsConfig",
+        build="specheads.methods.draft_lm.train:build_heads",
+        train_step="specheads.methods.draft_lm.train:train_step",
+        evaluate="specheads.methods.draft_lm.train:draft_agreement",
+        drafter="specheads.methods.draft_lm.heads:draft_drafter",
+    ),
+}
+
+
+def export_formats() -> tuple[str, ...]:
+    """Every export format of every method, in registry order."""
+    return tuple(fmt for method in HEAD_TYPES.values() for fmt in method.formats)
+
+
+def method_of_format(format: str) -> HeadType:
+    """The method whose heads an export format holds.
+
+    Raises:
+        ValueError: no method writes ``format``.
+    """
+    for method in HEAD_TYPES.values():
+        if format in method.formats:
+            return method
+    raise ValueError(f"unknown export format {format!r}; choose one of {list(export_formats())}")
+
+
+def method_of_layout(layout: str) -> HeadType | None:
+    """The method whose heads a foreign engine layout holds (None: no method reads it)."""
+    return next((method for method in HEAD_TYPES.values() if layout in method.layouts), None)
+
+
+def head_type_of(heads: Any) -> HeadType:
+    """The registry entry of a heads module (by its config's ``head_type``)."""
+    name = getattr(getattr(heads, "config", None), "head_type", None)
+    if name not in HEAD_TYPES:
+        raise ValueError(f"not a specheads heads module (head_type {name!r}); known: {sorted(HEAD_TYPES)}")
+    return HEAD_TYPES[name]
