@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from specheads import demo
+
+pytestmark = pytest.mark.slow  # the whole demo, every method
 
 
 def test_demo_runs_and_every_method_matches_greedy(tmp_path, monkeypatch, capsys) -> None:

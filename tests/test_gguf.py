@@ -275,6 +275,7 @@ def test_a_failed_conversion_leaves_no_complete_looking_folder(written, monkeypa
 
 
 @pytest.mark.skipif(os.name != "posix", reason="kills a child process with SIGKILL")
+@pytest.mark.slow
 def test_a_killed_conversions_leftovers_go_with_the_next_conversion(written, cache) -> None:
     path = written["tied"][1]
     script = (

@@ -30,6 +30,7 @@ def test_busy_warning_only_when_others_use_half_a_core() -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+@pytest.mark.slow
 def test_meter_sees_another_busy_process_but_not_its_own_work() -> None:
     baseline = machine.measure_load(0.3).busy
     meter = LoadMeter().start()

@@ -447,7 +447,7 @@ class SpecDecoder:
         """
         rows, device = state.rows, state.tokens.device
         cached = [state.lengths[row] - 1 for row in rows]  # slots in the base cache; the root is fed now
-        meta = torch.tensor([[state.host_tokens[row][-1] for row in rows], cached], dtype=torch.long).to(device)
+        meta = kv_cache.to_device([[state.host_tokens[row][-1] for row in rows], cached], device)
         roots, lengths = meta[0], meta[1]
         if isinstance(proposals, Proposal):  # one tree for every row: no per-row work at all
             tree = proposals.tree
@@ -458,6 +458,11 @@ class SpecDecoder:
             probs = proposals.draft_probs
             draft_probs = [None if probs is None else probs[i] for i in range(len(rows))]
             block = None if tree.is_chain else buffers.attention_mask[None]
+        elif all(p is None or p.tokens.shape[1] == 0 for p in proposals):  # plain decoding: each row feeds its root
+            trees, draft_probs, block = [None] * len(rows), [None] * len(rows), None
+            tokens, positions = roots[:, None], lengths[:, None]
+            if len(rows) > 1:
+                block = torch.ones(1, 1, 1, dtype=torch.bool, device=device)
         else:
             trees = [None if p is None or p.tokens.shape[1] == 0 else p.tree for p in proposals]
             width = max(1 if tree is None else tree.num_nodes + 1 for tree in trees)
@@ -586,13 +591,13 @@ class SpecDecoder:
         if len(keeps) == 1 and keeps[0] == list(range(len(keeps[0]))):  # one row, a chain prefix: a slice
             return tuple(out.hidden_states[layer][:, : len(keeps[0])] for layer in self.drafter.hidden_state_layers)
         longest = max(len(keep) for keep in keeps)
-        index = torch.tensor([keep + [keep[-1]] * (longest - len(keep)) for keep in keeps])
-        rows = torch.arange(len(keeps))[:, None]
+        index = [keep + [keep[-1]] * (longest - len(keep)) for keep in keeps]
         kept, on_device = [], {}
         for layer in self.drafter.hidden_state_layers:  # layers may sit on different devices (device_map)
             hidden = out.hidden_states[layer]
             if hidden.device not in on_device:
-                on_device[hidden.device] = (rows.to(hidden.device), index.to(hidden.device))
+                rows = torch.arange(len(keeps), device=hidden.device)[:, None]
+                on_device[hidden.device] = (rows, kv_cache.to_device(index, hidden.device))
             kept.append(hidden[on_device[hidden.device]])
         return tuple(kept)
 

@@ -143,7 +143,7 @@ class PromptLookupDrafter(Drafter):
         for index, row in zip(state.draft, state.rows, strict=True):  # each row looks up its own context
             context = state.host_tokens[row] if state.host_tokens else state.sequence(row).tolist()
             drafts = index.lookup(context, length)
-            proposals.append(None if not drafts else chain_proposal(torch.tensor([drafts], device=device)))
+            proposals.append(None if not drafts else chain_proposal(kv_cache.to_device([drafts], device)))
         return proposals
 
     def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:
@@ -285,7 +285,7 @@ class DraftModelDrafter(Drafter):
         row has stopped after each draft token (one transfer per draft token), so that it can stop early."""
         draft: _DraftState = state.draft
         rows, device = state.rows, logits.device
-        limit = torch.tensor(limits, device=device)
+        limit = kv_cache.to_device(list(limits), device)
         drafts = torch.zeros(len(rows), steps, dtype=torch.long, device=device)
         count = torch.zeros(len(rows), dtype=torch.long, device=device)
         stopped = limit < 1
@@ -319,7 +319,7 @@ class DraftModelDrafter(Drafter):
             input_ids = torch.zeros(len(feeds), width, dtype=torch.long, device=device)
             for i, feed in enumerate(feeds):
                 input_ids[i, : counts[i]] = feed
-        positions = torch.tensor(lengths, device=device)[:, None] + torch.arange(width, device=device)[None]
+        positions = kv_cache.to_device(lengths, device)[:, None] + torch.arange(width, device=device)[None]
         if len(feeds) == 1:
             mask = None  # one row: the model's own causal mask over the cache is the same
         else:
@@ -334,7 +334,7 @@ class DraftModelDrafter(Drafter):
         kv_cache.advance(cache, counts)
         if min(counts) == width:
             return out.logits[:, -1]
-        last = torch.tensor(counts, device=device) - 1
+        last = kv_cache.to_device(counts, device) - 1
         return out.logits[torch.arange(len(feeds), device=device), last]
 
     def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:

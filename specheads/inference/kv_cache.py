@@ -113,7 +113,7 @@ class SlotCache(Cache):
         each row's length); built once per forward and shared by every layer."""
         key = (tuple(self.lengths[: self.batch]), count, str(device))
         if self._write_index is None or self._write_index[0] != key:
-            lengths = torch.tensor(key[0], dtype=torch.long, device=device)
+            lengths = to_device(list(key[0]), device)
             positions = lengths[:, None] + torch.arange(count, device=device)[None]
             self._write_index = (key, (torch.arange(self.batch, device=device)[:, None], positions))
         return self._write_index[1]
@@ -132,6 +132,14 @@ class SlotCache(Cache):
     def buffers(self) -> list[torch.Tensor]:
         """The allocated buffers (for tests: their identity shows that nothing was reallocated)."""
         return [t for layer in self.layers if layer.is_initialized for t in (layer.keys, layer.values)]
+
+
+def to_device(values: list, device: torch.device | str | None, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """Host values as a tensor on ``device`` without making the host wait: on CUDA they go through pinned memory
+    with a non-blocking copy (a copy from pageable memory synchronises); elsewhere a plain tensor."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def new_cache(batch_size: int | None = None, capacity: int | None = None, device: Any = None) -> Any:
@@ -177,7 +185,7 @@ def step_mask(
     for row, own in enumerate(inner):
         if own is not None and own.shape[0]:
             block[row, : own.shape[0], : own.shape[0]] = own.cpu()
-    return tree_step_mask(torch.tensor(lengths, device=device), max(lengths), block.to(device))
+    return tree_step_mask(to_device(lengths, device), max(lengths), block.to(device))
 
 
 def tree_step_mask(starts: torch.Tensor, longest: int, block: torch.Tensor) -> torch.Tensor:
@@ -299,13 +307,13 @@ def _commit_slots(cache: SlotCache, keep: list[list[int]]) -> None:
         if index != target
     ]
     if moves:
-        host = torch.tensor(moves, dtype=torch.long).T  # [3, M]: rows, sources, targets
+        host = [list(column) for column in zip(*moves, strict=True)]  # [3, M]: rows, sources, targets
         on_device: dict[torch.device, torch.Tensor] = {}  # layers may sit on different devices (device_map)
         for layer in cache.layers:
             if layer.is_initialized:
                 device = layer.keys.device
                 if device not in on_device:
-                    on_device[device] = host.to(device)
+                    on_device[device] = to_device(host, device)
                 r, src, dst = on_device[device]
                 layer.keys[r, :, dst] = layer.keys[r, :, src]  # gathered first (advanced indexing copies), then written
                 layer.values[r, :, dst] = layer.values[r, :, src]

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from specheads.inference import kv_cache
 from specheads.inference.sampling import SamplingParams
 from specheads.inference.trees import DynamicTree, TreeBuffers
 from specheads.metrics import SpecStats
@@ -97,7 +98,7 @@ class DecodeState:
         if rows:
             columns = [self.lengths[row] + k for row, tokens in new.items() for k in range(len(tokens))]
             values = [token for tokens in new.values() for token in tokens]
-            index = torch.tensor([rows, columns, values], dtype=torch.long).to(self.tokens.device)
+            index = kv_cache.to_device([rows, columns, values], self.tokens.device)
             self.tokens[index[0], index[1]] = index[2]
         for row, tokens in new.items():
             self.lengths[row] += len(tokens)

@@ -195,6 +195,7 @@ def _joint(base, temperature: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.slow
 def test_rejection_sampling_per_row_matches_the_base_next_to_other_rows(temperature: float) -> None:
     base = tiny_model("llama", seed=3, vocab_size=SMALL, hidden=16, layers=1, logit_scale=30)
     draft = tiny_model("llama", seed=4, vocab_size=SMALL, hidden=16, layers=1, logit_scale=15)

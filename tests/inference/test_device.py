@@ -124,3 +124,44 @@ def test_rejection_sampling_on_the_device_follows_the_base_distribution() -> Non
         batch_size=500,
     )
     assert chi_square_p(pair_counts([out.new_tokens for out in outs], vocab), joint) > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("method", "kwargs"),
+    [("eagle3-chain-3", {}), ("draft", {"temperature": 1.0, "acceptance": "rejection", "seed": 0})],
+    ids=["greedy", "rejection"],
+)
+def test_a_step_synchronises_only_where_it_reads_the_device(cpu_models, monkeypatch, method: str, kwargs) -> None:
+    """One greedy step and one rejection step under ``set_sync_debug_mode("error")``: any synchronising operation
+    raises, except the reads the engine means to make (``tolist``), which are counted."""
+    if not DEVICE.startswith("cuda"):
+        pytest.skip("CUDA's sync debug mode")
+    decoder, extra = _decoder(cpu_models, method, torch.float32)
+    prompt = base_samples(cpu_models["base"], rows=1, new_tokens=8, seed=4).to(DEVICE)
+    decoder.generate(prompt, max_new_tokens=2, **extra, **kwargs)  # warm-up: allocations, caches
+    reads, original = [], torch.Tensor.tolist
+
+    def allowed(self):  # noqa: ANN001, ANN202
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            reads.append(tuple(self.shape))
+            return original(self)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(torch.Tensor, "tolist", allowed)
+    steps = []
+    run, step = decoder._run, decoder._step
+
+    def one_step(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return step(*args, **kw)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            steps.append(len(reads))
+
+    monkeypatch.setattr(decoder, "_step", one_step)
+    decoder.generate(prompt, max_new_tokens=3, **extra, **kwargs)
+    assert steps and run is not None
+    assert all(b - a <= 2 for a, b in zip([0, *steps], steps, strict=False)), f"reads per step: {steps}"

@@ -21,6 +21,8 @@ from specheads.inference.trees import resolve_tree
 from specheads.methods.eagle.drafter import EagleDrafter
 from specheads.training.losses import draft_cross_entropy, eagle_targets
 
+pytestmark = pytest.mark.slow  # Monte Carlo: thousands of seeded decodes per test
+
 VOCAB = 12
 PROMPT = torch.tensor([[3, 5, 7]])
 SAMPLES = 3000

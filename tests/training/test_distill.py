@@ -292,6 +292,7 @@ def test_corrupt_output_file_exits_2(setup, tmp_path, capsys, content, message) 
     assert out.read_text() == content  # never rewritten
 
 
+@pytest.mark.slow
 def test_a_sigkilled_run_resumed_writes_the_uninterrupted_file(setup, tmp_path) -> None:
     """A real kill (SIGKILL of the process mid-run, no handler runs), then the same command again."""
     import os

@@ -167,6 +167,7 @@ def test_corpus_targets_train(workspace, tmp_path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- resume
+@pytest.mark.slow
 def test_eagle3_resume_after_sigkill_matches_an_uninterrupted_run(workspace, tmp_path) -> None:
     steps = {"train.steps": 30, "output.save_every": 4, "train.seed": 7}
     reference = train(load_config(None, _overrides(workspace, tmp_path / "reference", **steps)))
@@ -208,10 +209,12 @@ def _two_equal_one(workspace: Path, tmp_path: Path, config_file: Path | None) ->
         torch.testing.assert_close(_heads(out / "heads")[name], value, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_eagle3_two_processes_agree_with_one(workspace, tmp_path) -> None:
     _two_equal_one(workspace, tmp_path, config_file=None)
 
 
+@pytest.mark.slow
 def test_eagle3_ddp_accelerate_config_agrees_with_one_process(workspace, tmp_path) -> None:
     """The shipped ``configs/accelerate/ddp.yaml`` (mixed precision overridden to no: this CPU has no bf16 units)."""
     _two_equal_one(workspace, tmp_path, config_file=REPO / "configs" / "accelerate" / "ddp.yaml")
@@ -273,6 +276,7 @@ def test_what_the_fsdp_path_does_not_cover_is_refused(workspace, tmp_path) -> No
         _check_fsdp_recipe(evaluated, fsdp(1))
 
 
+@pytest.mark.slow
 def test_fsdp_accelerate_config_agrees_with_one_process(workspace, tmp_path) -> None:
     blocker = _fsdp_on_cpu_blocker(tmp_path)
     if blocker is not None:

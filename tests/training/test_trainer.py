@@ -188,6 +188,7 @@ def _signal_during_step(monkeypatch, step: int, number: int, times: int = 1) -> 
 
 
 @pytest.mark.parametrize(("number", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.slow
 def test_a_signal_finishes_the_step_checkpoints_and_resumes(
     workspace, tmp_path, monkeypatch, number, exit_code
 ) -> None:
@@ -253,6 +254,7 @@ def _run(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(workspace, tmp_path) -> None:
     steps = {"train.steps": 40, "output.save_every": 5}
     reference = train(load_config(None, _overrides(workspace, tmp_path / "reference", **steps)))
@@ -278,6 +280,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(workspace, tmp_path) 
     assert seen[0]["targets_seen"] == seen[1]["targets_seen"] > 0
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_specheads_train_checkpoints_and_exits_130_without_a_traceback(workspace, tmp_path) -> None:
     out = tmp_path / "run"
     steps = {"train.steps": 40, "output.save_every": 2, "output.keep_last": 100}
@@ -312,6 +315,7 @@ def test_ctrl_c_in_specheads_train_checkpoints_and_exits_130_without_a_traceback
     assert json.loads((out / "final_state.json").read_text())["step"] == 40
 
 
+@pytest.mark.slow
 def test_two_processes_agree_with_one(workspace, tmp_path) -> None:
     common = {"train.steps": 8, "output.save_every": 0}
     single = train(load_config(None, _overrides(workspace, tmp_path / "single", **common)))

@@ -180,7 +180,7 @@ class EagleDrafter(Drafter):
             return None
         counts, width = draft.pending_counts, max(draft.pending_counts)
         device = draft.pending.device
-        meta = torch.tensor([list(state.rows), draft.consumed, counts], dtype=torch.long).to(device)
+        meta = kv_cache.to_device([list(state.rows), draft.consumed, counts], device)
         rows, consumed, lengths = meta[0], meta[1], meta[2]
         columns = consumed[:, None] + 1 + torch.arange(width, device=device)[None]  # token t + 1 of pair t
         input_ids = state.tokens[rows[:, None], columns.clamp_max(state.tokens.shape[1] - 1)]
@@ -236,7 +236,7 @@ class EagleDrafter(Drafter):
         """
         batch, count = tokens.shape
         if draft.consumed_on_device is None:
-            draft.consumed_on_device = torch.tensor(draft.consumed, dtype=torch.long, device=tokens.device)
+            draft.consumed_on_device = kv_cache.to_device(draft.consumed, tokens.device)
         consumed = draft.consumed_on_device
         mask = None if block is None else kv_cache.tree_step_mask(consumed, max(draft.consumed), block)
         positions = (consumed - 1 + depth)[:, None].expand(batch, count)
