@@ -285,3 +285,40 @@ def _shape_mismatch(
     if suspects:
         message += f". Was {CONFIG_NAME} edited? In it, {'; '.join(dict.fromkeys(suspects))}"
     return message
+
+
+class DraftHeads(torch.nn.Module):
+    """What every method's heads module shares: a config dataclass, a native checkpoint, and binding to its base.
+
+    Subclasses set ``config_class`` (the dataclass saved as ``config.json``, with ``base_model``, the fingerprint of
+    the base the heads were made for), ``family`` (how messages name them) and ``bound_as`` (how a fingerprint error
+    names them), keep their config in ``self.config``, and override :meth:`bind_base` to read what they need of the
+    base (an embedding, an lm_head) and :meth:`check_loaded` to check what a state dict alone cannot.
+    """
+
+    config_class: type
+    family: str = "draft"
+    bound_as: str = "these heads"
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write the native checkpoint: ``config.json`` + ``model.safetensors`` (no base weights), atomically."""
+        save_checkpoint(directory, dataclasses.asdict(self.config), self.state_dict())
+
+    @classmethod
+    def from_checkpoint(cls, config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> DraftHeads:
+        """Heads from a read checkpoint (see :func:`read_checkpoint`); ``where`` names it in errors."""
+        heads = cls(config_from_checkpoint(cls.config_class, config, where, cls.family))
+        load_module_state(heads, tensors, where)
+        heads.check_loaded(where)
+        return heads
+
+    def check_loaded(self, where: str) -> None:
+        """Raise :class:`HeadCheckpointError` when loaded weights are inconsistent in a way shapes do not show."""
+
+    def attach_base(self, base_model: PreTrainedModel) -> None:
+        """Check that the heads were made for this base (its fingerprint), then bind them to it."""
+        check_base(self.config.base_model, base_model, self.bound_as)
+        self.bind_base(base_model)
+
+    def bind_base(self, base_model: PreTrainedModel) -> None:
+        """Read what the heads use of the base, without checking the fingerprint (e.g. a merged Medusa-2 model)."""

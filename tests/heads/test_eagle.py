@@ -12,7 +12,8 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecode
 
 from specheads.heads import EagleHead, load_heads
 from specheads.heads.checkpoint import fingerprint
-from specheads.methods.eagle.heads import Eagle3Layer, default_layer_ids, select_draft_vocab
+from specheads.heads.vocab import select_draft_vocab
+from specheads.methods.eagle.heads import Eagle3Layer, default_layer_ids
 
 HIDDEN, VOCAB = 32, 96
 

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from helpers import tiny_model
 
 from specheads.heads import EagleHead
+from specheads.heads.vocab import select_draft_vocab
 from specheads.inference import kv_cache
-from specheads.methods.eagle.heads import select_draft_vocab
 from specheads.training.losses import draft_cross_entropy, eagle1_loss, eagle_loss, eagle_targets, ttt_weights
 
 VOCAB = 8

@@ -23,9 +23,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from specheads.heads.checkpoint import (
+    DraftHeads,
     HeadCheckpointError,
     base_model_info,
-    check_base,
     load_module_state,
     save_checkpoint,
 )
@@ -50,8 +50,13 @@ def spaced_layers(total: int, count: int) -> list[int]:
     return sorted({round(i * (total - 1) / (count - 1)) for i in range(count)})
 
 
-class DraftLM(torch.nn.Module):
-    """A causal LM (``self.model``) distilled from a base; see the module docstring."""
+class DraftLM(DraftHeads):
+    """A causal LM (``self.model``) distilled from a base; see the module docstring. Its checkpoint is a transformers
+    model folder, so it overrides the native save and load."""
+
+    config_class = DraftConfig
+    family = "draft"
+    bound_as = "this draft model"
 
     hidden_state_layers: tuple[int, ...] = ()  # the trainer's feature cache: only the base's final state is needed
 
@@ -96,10 +101,6 @@ class DraftLM(torch.nn.Module):
         """The embedding and lm_head stay the base's: only the decoder layers and the final norm train."""
         self.model.get_input_embeddings().weight.requires_grad_(False)
         self.model.get_output_embeddings().weight.requires_grad_(False)
-
-    def attach_base(self, base_model: PreTrainedModel) -> None:
-        """Check that the draft was distilled from this base."""
-        check_base(self.config.base_model, base_model, "this draft model")
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, T, H]`` the draft's final hidden states (its lm_head reads them)."""

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from specheads.inference import kv_cache
 from specheads.inference.drafters import Drafter
+from specheads.inference.feature_queue import FeatureQueue
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
 from specheads.inference.trees import DynamicTree, TreeBuffers, resolve_tree, tree_from_parents
 
@@ -49,15 +50,13 @@ class _EagleState:
     Attributes:
         cache: the draft's own key/value cache (committed pairs, then the tree entries of the current proposal).
         consumed: per row, committed pairs in the cache.
-        pending: ``[A, M, H]`` fused base features not yet fed (row i holds ``pending_counts[i]``), or None.
-        pending_counts: per row, how many of ``pending`` are real.
-        consumed_on_device: ``consumed`` on the device (set when the pending pairs are fed).
+        queue: the fused base features not yet fed (the pairs after ``consumed``).
+        consumed_on_device: ``consumed`` on the device (set when the queued pairs are fed).
     """
 
     cache: kv_cache.SlotCache
     consumed: list[int]
-    pending: torch.Tensor | None = None
-    pending_counts: list[int] | None = None
+    queue: FeatureQueue = field(default_factory=FeatureQueue)
     consumed_on_device: torch.Tensor | None = None
 
 
@@ -148,27 +147,14 @@ class EagleDrafter(Drafter):
         kv_cache.keep_rows(draft.cache, keep)
         draft.consumed = [draft.consumed[i] for i in keep]
         draft.consumed_on_device = None
-        if draft.pending is not None:
-            draft.pending = draft.pending[torch.tensor(keep, device=draft.pending.device)]
-            draft.pending_counts = [draft.pending_counts[i] for i in keep]
+        draft.queue.keep_rows(keep)
 
     def _receive(self, state: DecodeState) -> None:
         """Queue the base's features of the tokens that just entered its cache (ragged: ``state.hidden_counts``)."""
         if not state.hidden_states:
             return
         draft: _EagleState = state.draft
-        fused = self.head.fuse(state.hidden_states)  # [A, M, H]
-        counts = list(state.hidden_counts)
-        if draft.pending is None:
-            draft.pending, draft.pending_counts = fused, counts
-            return
-        old, old_counts = draft.pending, draft.pending_counts
-        total = [a + b for a, b in zip(old_counts, counts, strict=True)]
-        merged = fused.new_zeros(fused.shape[0], max(total), fused.shape[2])
-        for i, (a, b) in enumerate(zip(old_counts, counts, strict=True)):
-            merged[i, :a] = old[i, :a]
-            merged[i, a : a + b] = fused[i, :b]
-        draft.pending, draft.pending_counts = merged, total
+        draft.queue.push(self.head.fuse(state.hidden_states), list(state.hidden_counts))  # [A, M, H]
 
     def _feed_pending(self, state: DecodeState) -> tuple[_Root, list[bool]] | None:
         """Feed the queued pairs (token t + 1, feature t) of every row; the output at each row's last is its root's.
@@ -176,10 +162,10 @@ class EagleDrafter(Drafter):
         Returns the roots and, per row, whether it has one (a one-token prompt has no feature before its root yet).
         """
         draft: _EagleState = state.draft
-        if draft.pending is None or max(draft.pending_counts) == 0:
+        if draft.queue.empty:
             return None
-        counts, width = draft.pending_counts, max(draft.pending_counts)
-        device = draft.pending.device
+        features, counts = draft.queue.take()
+        width, device = features.shape[1], features.device
         meta = kv_cache.to_device([list(state.rows), draft.consumed, counts], device)
         rows, consumed, lengths = meta[0], meta[1], meta[2]
         columns = consumed[:, None] + 1 + torch.arange(width, device=device)[None]  # token t + 1 of pair t
@@ -187,11 +173,10 @@ class EagleDrafter(Drafter):
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()[None]
         mask = kv_cache.tree_step_mask(consumed, max(draft.consumed), causal)  # the cache holds `consumed` pairs
         positions = columns - 1
-        hidden = self.head.step(input_ids, draft.pending[:, :width], positions, mask, draft.cache)  # [A, W, H]
+        hidden = self.head.step(input_ids, features, positions, mask, draft.cache)  # [A, W, H]
         kv_cache.advance(draft.cache, counts)
         draft.consumed = [c + n for c, n in zip(draft.consumed, counts, strict=True)]
         draft.consumed_on_device = consumed + lengths
-        draft.pending, draft.pending_counts = None, None
         last = (lengths - 1).clamp_min(0)
         root_hidden = hidden[torch.arange(len(counts), device=device), last]  # [A, H]
         log_probs = self.head.logits(root_hidden).float().log_softmax(dim=-1)

@@ -26,8 +26,7 @@ The base's embedding (and for version 1 its lm_head) is used frozen and never st
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,13 +41,11 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from specheads.heads.checkpoint import (
+    DraftHeads,
     HeadCheckpointError,
     base_model_info,
-    check_base,
-    config_from_checkpoint,
-    load_module_state,
-    save_checkpoint,
 )
+from specheads.heads.vocab import check_draft_map, draft_maps, select_draft_vocab
 from specheads.inference import kv_cache
 from specheads.loading import vocab_size
 from specheads.methods.registry import Readout
@@ -202,7 +199,7 @@ class Eagle3Layer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class EagleHead(nn.Module):
+class EagleHead(DraftHeads):
     """An EAGLE-1 or EAGLE-3 draft head (see the module docstring for the exact inputs).
 
     Args:
@@ -211,7 +208,9 @@ class EagleHead(nn.Module):
             :meth:`attach_base` when loading.
     """
 
+    config_class = EagleConfig
     family = "EAGLE"  # with config.version, how messages name these heads (EAGLE-1, EAGLE-3)
+    bound_as = "this EAGLE head"
 
     def __init__(self, config: EagleConfig, base_model: PreTrainedModel | None = None) -> None:
         super().__init__()
@@ -315,12 +314,12 @@ class EagleHead(nn.Module):
         Raises:
             ValueError: ids out of range, repeated, or not as many as ``draft_vocab_size``.
         """
-        ids = torch.as_tensor(target_ids, dtype=torch.long).flatten().cpu()
-        check_draft_map(ids, self.config.vocab_size, self.config.draft_vocab_size)
-        ids = ids.sort().values
-        self.d2t.copy_(ids - torch.arange(ids.numel()))
-        self.t2d.zero_()
-        self.t2d[ids] = True
+        ids = torch.as_tensor(target_ids, dtype=torch.long).flatten()
+        if ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"maps {ids.numel()} draft ids, expected {self.config.draft_vocab_size}")
+        d2t, t2d = draft_maps(ids, self.config.vocab_size)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
 
     def draft_token_ids(self) -> torch.Tensor:
         """``[Vd]`` the target id of every draft id."""
@@ -329,12 +328,8 @@ class EagleHead(nn.Module):
         return ids if self.d2t is None else ids + self.d2t
 
     # ------------------------------------------------------------------ the base
-    def attach_base(self, base_model: PreTrainedModel) -> None:
-        """Check that the head was made for this base, then read its embedding (and lm_head) from it."""
-        check_base(self.config.base_model, base_model, "this EAGLE head")
-        self.bind_base(base_model)
-
     def bind_base(self, base_model: PreTrainedModel) -> None:
+        """Read the base's embedding (and, for EAGLE-1, its lm_head) at every step."""
         self._base = [base_model]
 
     def _base_model(self) -> PreTrainedModel:
@@ -465,41 +460,10 @@ class EagleHead(nn.Module):
         return hiddens, logits
 
     # ------------------------------------------------------------------ checkpoints
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Write the native checkpoint: ``config.json`` + ``model.safetensors`` (no base weights)."""
-        save_checkpoint(directory, asdict(self.config), self.state_dict())
-
-    @classmethod
-    def from_checkpoint(cls, config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> EagleHead:
-        head = cls(config_from_checkpoint(EagleConfig, config, where, "EAGLE"))
-        load_module_state(head, tensors, where)
-        if head.d2t is not None:
+    def check_loaded(self, where: str) -> None:
+        """A loaded ``d2t`` must map every draft id to a distinct target id inside the vocabulary."""
+        if self.d2t is not None:
             try:
-                check_draft_map(head.draft_token_ids(), head.config.vocab_size, head.config.draft_vocab_size)
+                check_draft_map(self.draft_token_ids(), self.config.vocab_size, self.config.draft_vocab_size)
             except ValueError as error:
                 raise HeadCheckpointError(f"{where}: d2t {error}") from error
-        return head
-
-
-def check_draft_map(target_ids: torch.Tensor, vocab_size: int, draft_vocab_size: int) -> None:
-    """Every draft id must map to a distinct target id inside the base's vocabulary."""
-    if target_ids.numel() != draft_vocab_size:
-        raise ValueError(f"maps {target_ids.numel()} draft ids, expected {draft_vocab_size}")
-    if target_ids.numel() and (int(target_ids.min()) < 0 or int(target_ids.max()) >= vocab_size):
-        raise ValueError(
-            f"points outside the base's vocabulary: target ids {int(target_ids.min())}..{int(target_ids.max())}, "
-            f"vocabulary size {vocab_size}"
-        )
-    if target_ids.unique().numel() != target_ids.numel():
-        raise ValueError("maps two draft ids to the same target id")
-
-
-def select_draft_vocab(token_counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
-    """The ``draft_vocab_size`` most frequent target ids (ties and unseen tokens by lowest id), sorted by id."""
-    counts = torch.as_tensor(token_counts, dtype=torch.float64).flatten()
-    vocab = counts.numel()
-    if not 1 <= draft_vocab_size <= vocab:
-        raise ValueError(f"draft_vocab_size must be in [1, {vocab}], got {draft_vocab_size}")
-    # A stable sort by descending count keeps lower ids first among equals, so the choice is deterministic.
-    order = torch.sort(-counts, stable=True).indices
-    return order[:draft_vocab_size].sort().values

@@ -8,8 +8,7 @@ the base's lm_head (Medusa-1) or the base's lm_head itself (``share_lm_head=True
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,11 +16,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specheads.heads.checkpoint import (
+    DraftHeads,
     base_model_info,
-    check_base,
-    config_from_checkpoint,
-    load_module_state,
-    save_checkpoint,
 )
 from specheads.methods.registry import Readout
 
@@ -59,7 +55,7 @@ class MedusaConfig:
                 raise ValueError(f"Medusa {name} must be an integer >= 1, got {value!r}")
 
 
-class MedusaHeads(nn.Module):
+class MedusaHeads(DraftHeads):
     """K Medusa heads.
 
     Args:
@@ -67,7 +63,9 @@ class MedusaHeads(nn.Module):
         base_lm_head: the base's output projection, required when ``config.share_lm_head`` (not saved with the heads).
     """
 
+    config_class = MedusaConfig
     family = "Medusa"  # how messages name these heads
+    bound_as = "these Medusa heads"
 
     def __init__(self, config: MedusaConfig, base_lm_head: nn.Linear | None = None) -> None:
         super().__init__()
@@ -105,11 +103,6 @@ class MedusaHeads(nn.Module):
                 for head in heads.lm_heads:
                     head.weight.copy_(lm_head.weight)
         return heads.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
-
-    def attach_base(self, base_model: PreTrainedModel) -> None:
-        """Bind the base's lm_head (shared-lm_head heads need it) after checking the heads belong to this base."""
-        check_base(self.config.base_model, base_model, "these Medusa heads")
-        self.bind_base(base_model)
 
     def bind_base(self, base_model: PreTrainedModel) -> None:
         """Use this base's lm_head (shared-lm_head heads) without checking the fingerprint (e.g. a merged LoRA)."""
@@ -160,13 +153,3 @@ class MedusaHeads(nn.Module):
         if lm_head is None:
             raise RuntimeError("shared-lm_head Medusa heads need attach_base(base_model) before use")
         return lm_head
-
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Write the native checkpoint: ``config.json`` + ``model.safetensors``."""
-        save_checkpoint(directory, asdict(self.config), self.state_dict())
-
-    @classmethod
-    def from_checkpoint(cls, config: dict[str, Any], tensors: dict[str, torch.Tensor], where: str) -> MedusaHeads:
-        heads = cls(config_from_checkpoint(MedusaConfig, config, where, "Medusa"))
-        load_module_state(heads, tensors, where)
-        return heads
