@@ -15,30 +15,21 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import tiny_model, tiny_tokenizer
+from helpers import tiny_model
+from training_helpers import heads_state, make_workspace, subprocess_env
 
 from specheads.heads import load_heads
 from specheads.training.config import ConfigError, load_config
 from specheads.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
-TEXT = (
-    "def add(a, b):\n    return a + b\n\n\nclass Stack:\n    def push(self, item):\n        self.items.append(item)\n"
-)
 TIMEOUT_S = 300  # a 2-process run must never hang the suite
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
     """A tiny Llama base (4 layers, so EAGLE-3's three feature layers are distinct) and a few KB of code text."""
-    root = tmp_path_factory.mktemp("eagle-train")
-    tiny_model("llama", seed=1, layers=4).save_pretrained(root / "base")
-    tiny_tokenizer().save_pretrained(root / "base")
-    data = root / "data"
-    data.mkdir()
-    for index in range(12):
-        (data / f"doc{index:02d}.txt").write_text(TEXT * (2 + index % 3))
-    return root
+    return make_workspace(tmp_path_factory.mktemp("eagle-train"), layers=4)
 
 
 def _base() -> torch.nn.Module:
@@ -67,12 +58,7 @@ def _overrides(workspace: Path, out: Path, version: int = 3, **extra) -> list[st
     return [f"{key}={value}" for key, value in values.items()]
 
 
-def _heads(path: Path) -> dict[str, torch.Tensor]:
-    return load_heads(path).state_dict()
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+_heads, _env = heads_state, subprocess_env
 
 
 def _descendants(pid: int) -> list[int]:

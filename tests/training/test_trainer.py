@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -14,27 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
+from training_helpers import heads_state, make_workspace, subprocess_env
 
 from specheads.heads import load_heads
 from specheads.heads.checkpoint import atomic_write
 from specheads.training.config import ConfigError, load_config
 from specheads.training.trainer import TrainingInterrupted, train
 
-TEXT = (
-    "def add(a, b):\n    return a + b\n\n\nclass Stack:\n    def push(self, item):\n        self.items.append(item)\n"
-)
-
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("train")
-    tiny_model("llama", seed=1).save_pretrained(root / "base")
-    tiny_tokenizer().save_pretrained(root / "base")
-    data = root / "data"
-    data.mkdir()
-    for index in range(12):
-        (data / f"doc{index:02d}.txt").write_text(TEXT * (2 + index % 3))
-    return root
+    return make_workspace(tmp_path_factory.mktemp("train"))
 
 
 def _overrides(workspace: Path, out: Path, **extra) -> list[str]:
@@ -56,8 +45,7 @@ def _overrides(workspace: Path, out: Path, **extra) -> list[str]:
     return [f"{key}={value}" for key, value in values.items()]
 
 
-def _heads(path: Path) -> dict[str, torch.Tensor]:
-    return load_heads(path).state_dict()
+_heads = heads_state
 
 
 def test_medusa1_training_learns_and_exports(workspace, tmp_path) -> None:
@@ -236,13 +224,7 @@ def test_an_interrupted_extension_of_a_finished_run_still_resumes(workspace, tmp
 
 
 def _env(env_extra: dict | None = None) -> dict:
-    return {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        **(env_extra or {}),
-    }
+    return subprocess_env(**(env_extra or {}))
 
 
 def _launch(args: list[str], env_extra: dict | None = None) -> subprocess.Popen:
