@@ -36,7 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -480,6 +480,33 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def bench_report(
+    methods: list[BenchMethod],
+    prompts: Sequence[Any],
+    batch_sizes: Sequence[int],
+    base: dict[str, Any],
+    draft: dict[str, Any] | None,
+    prompts_file: str | Path,
+    settings: dict[str, Any],
+    loads: tuple[Any, Any],
+    command: str,
+) -> dict[str, Any]:
+    """The report of a finished run: the machine (and its load before and during the run, ``loads``), the models,
+    the prompts, ``settings`` (repeats, max_new_tokens, lookup_k), the command, and every method's rows."""
+    before, during = loads
+    return {
+        "machine": {**machine_info(), "load_before": asdict(before), "load_during": asdict(during)},
+        "base": base,
+        "draft": draft,
+        "prompts": len(prompts),
+        "prompts_file": str(prompts_file),
+        **settings,
+        "temperature": 0.0,
+        "command": command,
+        **report_rows(methods, batch_sizes, prompts),
     }
 
 

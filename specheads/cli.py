@@ -7,7 +7,6 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -277,15 +276,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     from specheads import assets
-    from specheads.bench import (
-        build_methods,
-        machine_info,
-        markdown_table,
-        model_info,
-        report_rows,
-        run_bench,
-        write_report,
-    )
+    from specheads.bench import bench_report, build_methods, markdown_table, model_info, run_bench, write_report
     from specheads.heads.loading import heads_for_comparison
     from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
     from specheads.machine import LoadMeter
@@ -322,19 +313,17 @@ def _bench(args: argparse.Namespace) -> int:
     run_bench(methods, prompts, tokenizer, args.max_new_tokens, repeats=args.repeats, batch_sizes=batch_sizes)
     during = meter.stop()
 
-    report = {
-        "machine": {**machine_info(), "load_before": asdict(load), "load_during": asdict(during)},
-        "base": model_info(base, args.base + (" + Medusa-2 LoRA (merged)" if merged else "")),
-        "draft": model_info(draft, args.draft_model) if draft is not None else None,
-        "prompts": len(prompts),
-        "prompts_file": str(prompts_file(prompts_path)),
-        "repeats": args.repeats,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": 0.0,
-        "lookup_k": args.lookup_k,
-        "command": "specheads " + " ".join(sys.argv[1:]),
-        **report_rows(methods, batch_sizes, prompts),
-    }
+    report = bench_report(
+        methods,
+        prompts,
+        batch_sizes,
+        base=model_info(base, args.base + (" + Medusa-2 LoRA (merged)" if merged else "")),
+        draft=model_info(draft, args.draft_model) if draft is not None else None,
+        prompts_file=prompts_file(prompts_path),
+        settings={"repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "lookup_k": args.lookup_k},
+        loads=(load, during),
+        command="specheads " + " ".join(sys.argv[1:]),
+    )
     written = write_report(report, args.out)
     print(markdown_table(report))
     print(f"wrote {', '.join(f'{args.out}/{name}' for name in written)}")

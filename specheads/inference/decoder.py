@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.heads.loading import heads_path
-from specheads.inference import kv_cache
+from specheads.inference import construction, inputs, kv_cache
 from specheads.inference.acceptance import (
     ACCEPTANCE_RULES,
     AcceptanceOptions,
@@ -33,21 +32,16 @@ from specheads.inference.drafters import (
     Drafter,
     DraftModelDrafter,
     NoDrafter,
-    PromptLookupDrafter,
 )
 from specheads.inference.generation import GenerationConfig
 from specheads.inference.sampling import SamplingParams, probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
 from specheads.inference.trees import DynamicTree, TreeBuffers, tree_from_choices
-from specheads.loading import check_same_vocabulary, eos_token_ids, vocab_size
-from specheads.methods.registry import HEAD_TYPES, head_type_of, method_of_layout
+from specheads.loading import check_same_vocabulary, eos_token_ids
+from specheads.methods.registry import HEAD_TYPES
 from specheads.metrics import SpecStats
-from specheads.prompts import check_unicode, render_conversation
 
-METHODS = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
-# One prompt of generate/stream: raw text, token ids, or a conversation of {"role", "content"} messages.
-PromptInput = str | Sequence[int] | torch.Tensor | Sequence[Mapping[str, str]]
-_UNKNOWN_HEADS = next(iter(HEAD_TYPES))  # a folder with no head type: its loader says what is wrong with it
+PromptInput = inputs.PromptInput
 _ROOT_ONLY = tree_from_choices(())  # the "tree" of a row that drafted nothing: its root alone
 
 
@@ -171,40 +165,13 @@ class SpecDecoder:
 
         ``method`` is inferred when None: the head type of ``heads`` (``"medusa"`` or ``"eagle"``, read from the
         checkpoint's config), ``"draft"`` with a draft model, ``"none"`` otherwise. ``heads="default"`` with
-        ``base="default"`` are the EAGLE-3 heads shipped for the embedded default model.
+        ``base="default"`` are the EAGLE-3 heads shipped for the embedded default model (see
+        :mod:`specheads.inference.construction`).
         """
-        from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
-
-        if method is None:
-            inferred = _heads_method(heads, base) if heads is not None else "none"
-            method = "draft" if draft_model is not None else inferred
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; choose one of {list(METHODS)}")
-        if method in HEAD_TYPES and heads is None:
-            raise ValueError(f"method {method!r} needs heads= (a head checkpoint directory or a heads module)")
-        if method == "draft" and draft_model is None:
-            raise ValueError("method 'draft' needs draft_model=")
-        base_model = load_causal_lm(base, dtype=dtype, device=device)
-        if tokenizer is None and isinstance(base, (str, Path)):
-            tokenizer = base
-        tokenizer = load_tokenizer(tokenizer) if tokenizer is not None else None
-        drafter: Drafter
-        if method == "draft":
-            check_same_tokenizer(tokenizer, draft_model)
-            draft = load_causal_lm(draft_model, dtype=dtype, device=base_model.device, role="draft")
-            drafter = DraftModelDrafter(draft, num_speculative_tokens or 5)
-        elif method in HEAD_TYPES:
-            from specheads.heads.loading import heads_for_decoding
-
-            loaded_heads, base_model = heads_for_decoding(heads_path(heads, base), base_model)
-            if head_type_of(loaded_heads).name != method:
-                raise ValueError(f"method {method!r} was asked for but the heads are {head_type_of(loaded_heads).name}")
-            drafter = HEAD_TYPES[method].make_drafter(loaded_heads)
-        elif method == "prompt-lookup":
-            drafter = PromptLookupDrafter(num_speculative_tokens or 10)
-        else:
-            drafter = NoDrafter()
-        return cls(base_model, drafter, tokenizer)
+        base_model, drafter, loaded_tokenizer = construction.build(
+            base, heads, draft_model, method, tokenizer, dtype, device, num_speculative_tokens
+        )
+        return cls(base_model, drafter, loaded_tokenizer)
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -241,7 +208,7 @@ class SpecDecoder:
                 ``system`` / ``user`` / ``assistant`` or whose content is not a string: the error names the message
                 and, in a list, the prompt) or a bad generation argument.
         """
-        prompts, batched = self._encode_all(prompt)
+        prompts, batched = inputs.encode_prompts(prompt, self.tokenizer, self.model)
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
         ):
@@ -249,7 +216,7 @@ class SpecDecoder:
         if not batched and batch_size is not None:
             raise ValueError("batch_size applies to a list of prompts")
         if batched:  # every prompt before any compute, not chunk by chunk
-            self._check_lengths(prompts)
+            inputs.check_lengths(prompts, self._max_length())
         size = batch_size or len(prompts)
         outputs: list[GenerationOutput] = []
         start = time.perf_counter()
@@ -302,7 +269,7 @@ class SpecDecoder:
         :class:`GenerationOutput`, with its statistics and ``finish_reason``."""
         if self.tokenizer is None:
             raise ValueError("stream() needs a tokenizer to decode text; pass tokenizer= or use generate()")
-        prompts, batched = self._encode_all(prompt)
+        prompts, batched = inputs.encode_prompts(prompt, self.tokenizer, self.model)
         if batched:
             raise ValueError("stream() takes one prompt; decode a list of prompts with generate()")
         return self._stream(prompts, _config(generation_config, max_new_tokens, kwargs))
@@ -333,7 +300,7 @@ class SpecDecoder:
         start = time.perf_counter()
         settings = self._settings(config)
         max_length = self._max_length()
-        self._check_lengths(prompts, first_index)
+        inputs.check_lengths(prompts, self._max_length(), first_index)
         state = self._prefill(prompts, settings)
         self.drafter.reset(state)
         while state.rows:
@@ -363,15 +330,8 @@ class SpecDecoder:
             if done:
                 self._drop_rows(state, [i for i in range(len(state.rows)) if i not in done])
 
-    def _check_lengths(self, prompts: list[torch.Tensor], first_index: int = 0) -> None:
-        max_length = self._max_length()
-        for index, ids in enumerate(prompts):
-            if max_length is not None and ids.shape[1] >= max_length:
-                where = f"prompt {first_index + index} has" if len(prompts) > 1 or first_index else "the prompt has"
-                raise ValueError(
-                    f"{where} {ids.shape[1]} tokens; the model allows at most {max_length} positions, so nothing can "
-                    "be generated"
-                )
+    def _max_length(self) -> int | None:
+        return inputs.max_positions(self.model)
 
     def _drop_rows(self, state: DecodeState, keep: list[int]) -> None:
         """Finished rows leave the batch: the cache, hidden states and drafter state keep only ``keep``."""
@@ -613,71 +573,6 @@ class SpecDecoder:
         return generator
 
     # ------------------------------------------------------------------ argument checking
-    def _encode_all(self, prompt: Any) -> tuple[list[torch.Tensor], bool]:
-        """``([1, T] tensors], batched)``: a list of prompts or conversations, a ``[B, T]`` tensor, or one prompt
-        (a string, token ids, a ``[T]`` / ``[1, T]`` tensor or one conversation)."""
-        if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[0] != 1:
-            if prompt.shape[0] == 0:
-                raise ValueError("the list of prompts is empty")
-            return [self._encode(row) for row in prompt], True
-        if _is_conversation(prompt):
-            return [self._encode(prompt)], False
-        if isinstance(prompt, (list, tuple)) and (not prompt or not isinstance(prompt[0], int)):
-            if not prompt:
-                raise ValueError(
-                    "the list of prompts is empty (a conversation, too, needs at least one {'role', 'content'} message)"
-                )
-            kinds = {_prompt_kind(p) for p in prompt} - {"empty"}
-            if len(kinds) > 1:
-                raise ValueError(
-                    "the prompts mix types (strings, token-id lists, tensors, conversations); give one kind"
-                )
-            encoded = []
-            for index, item in enumerate(prompt):
-                if kinds == {"conversation"} and _prompt_kind(item) == "empty":
-                    raise ValueError(f"prompt {index}: the conversation is empty; give at least one message")
-                listed = isinstance(item, (list, tuple)) and _prompt_kind(item) == "token ids"
-                if listed and not all(isinstance(t, int) for t in item):
-                    raise ValueError(f"prompt {index} is not a list of token ids")
-                try:
-                    encoded.append(self._encode(item))
-                except ValueError as error:
-                    raise ValueError(f"prompt {index}: {error}") from error
-            return encoded, True
-        return [self._encode(prompt)], False
-
-    def _encode(self, prompt: PromptInput) -> torch.Tensor:
-        """One prompt as ``[1, T]`` ids on the model's device.
-
-        A string is tokenised raw, with the tokenizer's special tokens; a conversation goes through
-        :func:`specheads.prompts.render_conversation` (the chat template with the generation prompt, tokenised
-        without added special tokens: the template writes its own BOS).
-        """
-        device = self.model.device
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("a string prompt needs a tokenizer; pass tokenizer= or give token ids")
-            if not prompt:
-                raise ValueError("the prompt is empty")
-            check_unicode(prompt, "the prompt")
-            ids = torch.tensor([self.tokenizer(prompt)["input_ids"]], dtype=torch.long)
-        elif _is_conversation(prompt):
-            ids = torch.tensor([render_conversation(self.tokenizer, prompt)], dtype=torch.long)
-        elif isinstance(prompt, torch.Tensor):
-            ids = prompt.long()
-            if ids.dim() == 1:
-                ids = ids[None]
-            if ids.dim() != 2:
-                raise ValueError(f"a tensor prompt must be [T] or [B, T], got shape {tuple(prompt.shape)}")
-        else:
-            ids = torch.tensor([list(prompt)], dtype=torch.long)
-        if ids.shape[1] == 0:
-            raise ValueError("the prompt is empty")
-        vocab = vocab_size(self.model)
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-            raise ValueError(f"prompt token ids must lie in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
-        return ids.to(device)
-
     def _settings(self, config: GenerationConfig) -> _Settings:
         """What the engine reads of ``config`` for this decoder's drafter (checked by the drafter before compute)."""
         sampling, rule = config.sampling, config.rule
@@ -722,14 +617,6 @@ class SpecDecoder:
     def _eos_ids(self, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
         return eos_token_ids(self.model, self.tokenizer, eos_token_id)
 
-    def _max_length(self) -> int | None:
-        config = self.model.config
-        for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-            value = getattr(config, name, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        return None
-
     def _max_depth(self, state: DecodeState, row: int, max_new_tokens: int, max_length: int | None) -> int:
         """Deepest draft worth verifying for ``row``: one token of the budget is the base's own."""
         remaining = max_new_tokens - (state.lengths[row] - state.prompt_lengths[row])
@@ -743,23 +630,6 @@ def _config(base: GenerationConfig | None, max_new_tokens: int | None, kwargs: d
     if max_new_tokens is not None:
         kwargs = {"max_new_tokens": max_new_tokens, **kwargs}
     return GenerationConfig.from_kwargs(base, **kwargs)
-
-
-def _is_conversation(prompt: Any) -> bool:
-    """A conversation: a non-empty list of messages (mappings), checked by ``check_messages`` when encoded."""
-    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], Mapping)
-
-
-def _prompt_kind(prompt: Any) -> str:
-    """What one item of a list of prompts is: ``"string"``, ``"tensor"``, ``"conversation"``, ``"token ids"`` or
-    ``"empty"`` (an empty list, which could be either of the last two)."""
-    if isinstance(prompt, str):
-        return "string"
-    if isinstance(prompt, torch.Tensor):
-        return "tensor"
-    if isinstance(prompt, (list, tuple)) and not prompt:
-        return "empty"
-    return "conversation" if _is_conversation(prompt) else "token ids"
 
 
 def _for_rows(
@@ -814,22 +684,3 @@ def _tree_mask(tree_mask: torch.Tensor, prefix_len: int, device: torch.device) -
     size = tree_mask.shape[0]
     prefix = torch.ones(size, prefix_len, dtype=torch.bool)
     return torch.cat([prefix, tree_mask], dim=1)[None, None].to(device)
-
-
-def _heads_method(heads: str | Path | torch.nn.Module, base: Any = None) -> str:
-    """The head type of a heads module or checkpoint directory (its ``head_type``, or its engine layout's method)."""
-    if isinstance(heads, torch.nn.Module):
-        return head_type_of(heads).name
-    import json
-
-    from specheads.export.formats import foreign_format
-
-    directory = Path(heads_path(heads, base))
-    layout = foreign_format(directory) if directory.is_dir() else None
-    method = method_of_layout(layout) if layout is not None else None
-    if method is not None:
-        return method.name
-    try:
-        return str(json.loads((directory / "config.json").read_text())["head_type"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return _UNKNOWN_HEADS  # the loader names what is wrong with the directory
