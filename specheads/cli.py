@@ -550,49 +550,10 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_calibrate)
 
 
-def _calibration_data(args: argparse.Namespace):  # noqa: ANN202 - (base name, datasets.Dataset)
-    """The held-out rows to calibrate on: the recipe's held-out data with --config, else --data."""
-    import dataclasses
-
-    from specheads.loading import load_tokenizer
-    from specheads.training.config import DataConfig, load_config
-    from specheads.training.data import build_dataset
-    from specheads.training.trainer import expand_data_paths
-
-    if args.config is not None:
-        recipe = load_config(args.config)
-        base = args.base or recipe.model.base
-        data = recipe.data
-        if args.data:
-            config = dataclasses.replace(data, paths=expand_data_paths(args.data), heldout_fraction=0.0)
-            split = "train"
-        elif data.eval_paths:
-            config, split = (
-                dataclasses.replace(data, paths=expand_data_paths(data.eval_paths), heldout_fraction=0.0),
-                "train",
-            )
-        elif data.heldout_fraction > 0:
-            config, split = dataclasses.replace(data, paths=expand_data_paths(data.paths)), "heldout"
-        else:
-            raise ValueError(f"{args.config} holds out no data (data.eval_paths, data.heldout_fraction); give --data")
-        config = dataclasses.replace(
-            config, format=args.format or config.format, max_length=args.max_length or config.max_length
-        )
-        tokenizer = load_tokenizer(recipe.model.tokenizer or base)
-        return base, build_dataset(config, tokenizer, split=split)
-    if args.base is None:
-        raise ValueError("calibrate needs --base (or --config, a recipe naming it)")
-    data = args.data or (["default-corpus:heldout"] if args.base == "default" else [])
-    if not data:
-        raise ValueError("--data (or --config, the heads' recipe) is required unless --base default")
-    config = DataConfig(paths=expand_data_paths(data), format=args.format or "text", max_length=args.max_length or 512)
-    return args.base, build_dataset(config, load_tokenizer(args.base))
-
-
 def _calibrate(args: argparse.Namespace) -> int:
 
     from specheads.heads import load_heads
-    from specheads.inference.calibrate import calibrate, write_calibration
+    from specheads.inference.calibrate import calibrate, heldout_rows, write_calibration
     from specheads.loading import load_causal_lm
 
     _set_threads(args.threads)
@@ -601,7 +562,7 @@ def _calibrate(args: argparse.Namespace) -> int:
             "the shipped default heads are calibrated when shipped and their files are hash-checked; copy "
             "specheads/assets/default/eagle3 to a folder and calibrate that copy"
         )
-    base_name, dataset = _calibration_data(args)
+    base_name, dataset = heldout_rows(args.config, args.base, args.data, args.format, args.max_length)
     base = load_causal_lm(base_name, device=args.device)
     heads = load_heads(args.heads, base)
     result = calibrate(
@@ -657,7 +618,8 @@ def _add_export(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from specheads.export import check_export, export_heads
+    from specheads.export import check_export
+    from specheads.export.formats import export_named
 
     if args.check:
         if str(args.check).endswith(".gguf"):
@@ -676,42 +638,16 @@ def _export(args: argparse.Namespace) -> int:
     ]
     if missing:
         raise ValueError(f"export needs {', '.join(missing)} (or --check DIR)")
-    from specheads.heads import load_heads
-    from specheads.heads.loading import ADAPTER_DIR, heads_path
-    from specheads.loading import load_causal_lm
-
-    if args.heads == "default" and args.base is None:
-        raise ValueError("--heads default are the heads shipped for --base (default, or a named base)")
-    heads_dir = Path(heads_path(args.heads, args.base))
-    base = load_causal_lm(args.base) if args.base else None
-    heads = load_heads(heads_dir, base)
-    base_name = None
-    from specheads import assets
-    from specheads.gguf import is_gguf
-
-    if args.base == "default" or args.base in assets.NAMED_BASES or (args.base and is_gguf(args.base)):
-        base_name = str(Path(assets.resolve(args.base)).resolve())  # the folder engines load (a GGUF's converted one)
-    elif args.base and Path(args.base).is_dir():
-        base_name = str(Path(args.base).resolve())
-    target_gguf = args.target_gguf
-    if target_gguf is None and args.format == "gguf" and args.base:
-        if args.base in assets.NAMED_BASES:
-            target_gguf = str(assets.named_gguf(args.base))
-        elif is_gguf(args.base):
-            target_gguf = args.base
-    result = export_heads(
-        heads,
+    result = export_named(
+        args.heads,
         args.out,
         args.format,
-        base_model=base,
-        base_name=base_name or args.base,
+        base=args.base,
         engines=args.engines,
         num_speculative_tokens=args.num_speculative_tokens,
         dtype=args.dtype,
-        target_gguf=target_gguf,
+        target_gguf=args.target_gguf,
     )
-    if (heads_dir / ADAPTER_DIR).is_dir():
-        result.notes.append(f"Medusa-2 heads: serve the base with the LoRA adapter in {heads_dir / ADAPTER_DIR} merged")
     print(result.render())
     return 0
 

@@ -173,6 +173,58 @@ def export_heads(
     return ExportResult(out, format, report, commands, notes)
 
 
+def export_named(
+    heads: str | Path,
+    out: str | Path,
+    format: str,
+    base: str | None = None,
+    engines: list[str] | None = None,
+    num_speculative_tokens: int | None = None,
+    dtype: str | None = None,
+    target_gguf: str | Path | None = None,
+) -> ExportResult:
+    """:func:`export_heads` from names, as ``specheads export`` takes them.
+
+    ``heads`` is a checkpoint directory or ``"default"`` (the heads shipped for ``base``); ``base`` a folder, a hub
+    id, ``"default"``, a named real base or a GGUF file. The serve commands name the folder engines load (a named or
+    GGUF base: its converted folder), and the ``gguf`` format takes the named base's GGUF as its target by default.
+    """
+    from specheads import assets
+    from specheads.gguf import is_gguf
+    from specheads.heads.loading import ADAPTER_DIR, heads_path, load_heads
+    from specheads.loading import load_causal_lm
+
+    if heads == "default" and base is None:
+        raise ValueError("--heads default are the heads shipped for --base (default, or a named base)")
+    heads_dir = Path(heads_path(heads, base))
+    base_model = load_causal_lm(base) if base else None
+    loaded = load_heads(heads_dir, base_model)
+    base_name = base
+    if base == "default" or base in assets.NAMED_BASES or (base and is_gguf(base)):
+        base_name = str(Path(assets.resolve(base)).resolve())  # the folder engines load (a GGUF's converted one)
+    elif base and Path(base).is_dir():
+        base_name = str(Path(base).resolve())
+    if target_gguf is None and format == "gguf" and base:
+        if base in assets.NAMED_BASES:
+            target_gguf = str(assets.named_gguf(base))
+        elif is_gguf(base):
+            target_gguf = base
+    result = export_heads(
+        loaded,
+        out,
+        format,
+        base_model=base_model,
+        base_name=base_name,
+        engines=engines,
+        num_speculative_tokens=num_speculative_tokens,
+        dtype=dtype,
+        target_gguf=target_gguf,
+    )
+    if (heads_dir / ADAPTER_DIR).is_dir():
+        result.notes.append(f"Medusa-2 heads: serve the base with the LoRA adapter in {heads_dir / ADAPTER_DIR} merged")
+    return result
+
+
 def check_heads(heads: torch.nn.Module, format: str, kind: type, version: int | None = None) -> None:
     """Refuse heads that ``format`` does not hold: another class, or another ``version`` of it.
 

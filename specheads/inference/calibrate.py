@@ -377,3 +377,54 @@ def _calibration_prompt(row: dict, prompt_tokens: int) -> torch.Tensor:
     first_target = int(targets.nonzero()[0]) if targets.any() else 0
     length = min(prompt_tokens, first_target) if first_target > 0 else prompt_tokens
     return ids[None, : max(1, min(length, int(row["attention_mask"].sum())))]
+
+
+def heldout_rows(
+    config_path: str | None,
+    base: str | None,
+    data: list[str],
+    data_format: str | None = None,
+    max_length: int | None = None,
+) -> tuple[str, Any]:
+    """``(base name, tokenised rows)`` to calibrate on: with a recipe (``config_path``), its held-out data
+    (``data.eval_paths``, else its ``heldout_fraction`` split; ``data`` replaces them) with its format and length;
+    without one, ``data`` (default with ``base="default"``: the default corpus's held-out files).
+
+    Raises:
+        ValueError: no base, or no held-out data to name.
+    """
+    import dataclasses
+
+    from specheads.loading import load_tokenizer
+    from specheads.training.config import DataConfig, load_config
+    from specheads.training.data import build_dataset
+    from specheads.training.trainer import expand_data_paths
+
+    if config_path is not None:
+        recipe = load_config(config_path)
+        base = base or recipe.model.base
+        section = recipe.data
+        if data:
+            config = dataclasses.replace(section, paths=expand_data_paths(data), heldout_fraction=0.0)
+            split = "train"
+        elif section.eval_paths:
+            config, split = (
+                dataclasses.replace(section, paths=expand_data_paths(section.eval_paths), heldout_fraction=0.0),
+                "train",
+            )
+        elif section.heldout_fraction > 0:
+            config, split = dataclasses.replace(section, paths=expand_data_paths(section.paths)), "heldout"
+        else:
+            raise ValueError(f"{config_path} holds out no data (data.eval_paths, data.heldout_fraction); give --data")
+        config = dataclasses.replace(
+            config, format=data_format or config.format, max_length=max_length or config.max_length
+        )
+        tokenizer = load_tokenizer(recipe.model.tokenizer or base)
+        return base, build_dataset(config, tokenizer, split=split)
+    if base is None:
+        raise ValueError("calibrate needs --base (or --config, a recipe naming it)")
+    data = data or (["default-corpus:heldout"] if base == "default" else [])
+    if not data:
+        raise ValueError("--data (or --config, the heads' recipe) is required unless --base default")
+    config = DataConfig(paths=expand_data_paths(data), format=data_format or "text", max_length=max_length or 512)
+    return base, build_dataset(config, load_tokenizer(base))
