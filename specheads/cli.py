@@ -148,13 +148,18 @@ def _generate(args: argparse.Namespace) -> int:
         device=args.device,
         num_speculative_tokens=args.num_speculative_tokens,
     )
-    if args.json:
+    _note_cut(_print_generation(decoder, prompt, config, as_json=args.json, stats=args.stats))
+    return 0
+
+
+def _print_generation(decoder, prompt, config, as_json: bool, stats: bool):  # noqa: ANN001, ANN202
+    """Print one generation: a JSON record, the streamed text, or the text and its statistics (on stderr)."""
+    if as_json:
         out = decoder.generate(prompt, generation_config=config)
         record = {"text": out.text, "new_tokens": out.new_tokens, "finish_reason": out.finish_reason}
         print(json.dumps({**record, "tokens_cut": out.tokens_cut, "stats": out.stats.to_dict()}))
-        _note_cut(out)
-        return 0
-    if not args.stats:
+        return out
+    if not stats:
         pieces = decoder.stream(prompt, generation_config=config)
         out = None
         while out is None:
@@ -163,13 +168,11 @@ def _generate(args: argparse.Namespace) -> int:
             except StopIteration as stop:  # the stream's return value: the GenerationOutput
                 out = stop.value
         print()
-        _note_cut(out)
-        return 0
+        return out
     out = decoder.generate(prompt, generation_config=config)
     print(out.text)
     print(f"[{decoder.drafter.name}] {out.stats.summary()}", file=sys.stderr)
-    _note_cut(out)
-    return 0
+    return out
 
 
 def _generate_prompt(args: argparse.Namespace) -> str | list[dict[str, str]]:
@@ -431,17 +434,10 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
 def _distill(args: argparse.Namespace) -> int:
     from specheads.loading import load_causal_lm, load_tokenizer
     from specheads.prompts import load_prompts
-    from specheads.training.distill import check_settings, check_unique_ids, distill, read_finished
+    from specheads.training.distill import check_unique_ids, distill, read_finished
 
     _set_threads(args.threads)
-    check_settings(args.max_new_tokens, args.batch_size, args.temperature, args.top_p, args.top_k)
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {args.limit}")
-    speculate = args.heads is not None or args.draft_model is not None
-    if not speculate and (args.tree is not None or args.num_speculative_tokens is not None):
-        raise ValueError("--tree and --num-speculative-tokens need --heads or --draft-model")
-    if args.server is not None and (speculate or args.device is not None or args.top_k):
-        raise ValueError("--server generates on the server: --heads, --draft-model, --device and --top-k do not apply")
+    speculate = _check_distill_options(args)
     tokenizer = load_tokenizer(args.base)
     prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
     check_unique_ids(prompts)
@@ -464,11 +460,7 @@ def _distill(args: argparse.Namespace) -> int:
             temperature=args.temperature, top_p=args.top_p, seed=args.seed, concurrency=args.concurrency,
             retries=args.retries, model=args.server_model, use_chat_template=not args.no_chat_template,
         )  # fmt: skip
-        print(f"wrote {result.written} records to {args.out} ({len(prompts) - result.written} were already there)")
-        print(
-            f"{result.new_tokens} tokens in {result.generate_time_s:.2f}s: {result.tokens_per_s:.1f} tokens/s "
-            f"({args.concurrency} in flight)"
-        )
+        _print_distilled(result, args.out, len(prompts), f" ({args.concurrency} in flight)")
         return 0
     base = load_causal_lm(args.base, device=args.device)
     decoder = _distill_decoder(args, base, tokenizer) if speculate else None
@@ -489,12 +481,29 @@ def _distill(args: argparse.Namespace) -> int:
         decoder=decoder,
         decoder_options=options,
     )
-    print(f"wrote {result.written} records to {args.out} ({len(prompts) - result.written} were already there)")
-    speed = f"{result.new_tokens} tokens in {result.generate_time_s:.2f}s: {result.tokens_per_s:.1f} tokens/s"
-    if decoder is not None:
-        speed += f", tau {result.mean_accepted_length:.2f} ({decoder.drafter.name})"
-    print(speed)
+    tau = "" if decoder is None else f", tau {result.mean_accepted_length:.2f} ({decoder.drafter.name})"
+    _print_distilled(result, args.out, len(prompts), tau)
     return 0
+
+
+def _check_distill_options(args: argparse.Namespace) -> bool:
+    """Refuse option combinations distill cannot honour, before any model loads; whether it speculates."""
+    from specheads.training.distill import check_settings
+
+    check_settings(args.max_new_tokens, args.batch_size, args.temperature, args.top_p, args.top_k)
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    speculate = args.heads is not None or args.draft_model is not None
+    if not speculate and (args.tree is not None or args.num_speculative_tokens is not None):
+        raise ValueError("--tree and --num-speculative-tokens need --heads or --draft-model")
+    if args.server is not None and (speculate or args.device is not None or args.top_k):
+        raise ValueError("--server generates on the server: --heads, --draft-model, --device and --top-k do not apply")
+    return speculate
+
+
+def _print_distilled(result, out: str, prompts: int, extra: str) -> None:  # noqa: ANN001 - a DistillResult
+    print(f"wrote {result.written} records to {out} ({prompts - result.written} were already there)")
+    print(f"{result.new_tokens} tokens in {result.generate_time_s:.2f}s: {result.tokens_per_s:.1f} tokens/s{extra}")
 
 
 def _distill_decoder(
