@@ -117,7 +117,11 @@ class _Settings:
     eos_token_ids: frozenset[int]
     request: DraftRequest
     seed: int | list[int] | None = None
-    random: bool = False  # rows draw random numbers (sampling, or a rule that draws at temperature 0)
+
+    @property
+    def random(self) -> bool:
+        """Whether rows draw random numbers (sampling, or a rule that draws at temperature 0)."""
+        return not self.sampling.greedy or self.rule != "greedy"
 
 
 class SpecDecoder:
@@ -591,8 +595,7 @@ class SpecDecoder:
                 "use a draft model at temperature > 0, or 'typical' or 'threshold'"
             )
         eos = self._eos_ids(config.eos_token_id)
-        random = not sampling.greedy or rule != "greedy"
-        return _Settings(config.max_new_tokens, sampling, rule, config.options, eos, request, config.seed, random)
+        return _Settings(config.max_new_tokens, sampling, rule, config.options, eos, request, config.seed)
 
     def _dynamic_tree(self, config: GenerationConfig) -> Any:
         """``tree="dynamic"`` with any of ``tree_top_k`` / ``depth`` / ``total_tokens`` set becomes a DynamicTree."""

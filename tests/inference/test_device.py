@@ -151,7 +151,7 @@ def test_a_step_synchronises_only_where_it_reads_the_device(cpu_models, monkeypa
 
     monkeypatch.setattr(torch.Tensor, "tolist", allowed)
     steps = []
-    run, step = decoder._run, decoder._step
+    step = decoder._step
 
     def one_step(*args, **kw):  # noqa: ANN002, ANN003, ANN202
         torch.cuda.set_sync_debug_mode("error")
@@ -163,5 +163,5 @@ def test_a_step_synchronises_only_where_it_reads_the_device(cpu_models, monkeypa
 
     monkeypatch.setattr(decoder, "_step", one_step)
     decoder.generate(prompt, max_new_tokens=3, **extra, **kwargs)
-    assert steps and run is not None
+    assert len(steps) >= 2  # the prompt's steps ran under the debug mode
     assert all(b - a <= 2 for a, b in zip([0, *steps], steps, strict=False)), f"reads per step: {steps}"
