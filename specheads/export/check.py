@@ -87,10 +87,15 @@ def detect_format(config: dict[str, Any], tensor_names: set[str] | None = None) 
         return "native"
     from specheads.methods.registry import HEAD_TYPES
 
-    for method in HEAD_TYPES.values():
-        for name, spec in method.export_formats().items():
-            if spec.detect is not None and spec.detect(config, tensor_names):
-                return name
+    specs = [(name, spec) for method in HEAD_TYPES.values() for name, spec in method.export_formats().items()]
+    # A layout whose config names it wins over one recognised by its tensor names; a specific detector wins over
+    # one that claims a whole family of layouts.
+    for names in (None, tensor_names) if tensor_names is not None else (None,):
+        matches = [
+            (spec.fallback, name) for name, spec in specs if spec.detect is not None and spec.detect(config, names)
+        ]
+        if matches:
+            return min(matches, key=lambda match: match[0])[1]
     return None
 
 
@@ -114,7 +119,7 @@ def check_export(directory: str | Path, format: str | None = None) -> CheckRepor
     detected = detect_format(config, None)
     folder_formats = [f for f in export_formats() if export_format(f).check is not None]
     wanted = format or detected
-    weights_name = export_format(wanted).weights if wanted in folder_formats else SAFETENSORS_WEIGHTS
+    weights_name = export_format(wanted, config=config).weights if wanted in folder_formats else SAFETENSORS_WEIGHTS
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         report.problems.append(f"pickle files {pickles}: engines and specheads load safetensors; remove them")
@@ -136,7 +141,7 @@ def check_export(directory: str | Path, format: str | None = None) -> CheckRepor
         report.problems.append(f"not a layout of a serving engine (known: {sorted(folder_formats)})")
         return report
     try:
-        export_format(format).check(config, tensors, report)
+        export_format(format, config=config).check(config, tensors, report)
     except (KeyError, TypeError, ValueError) as error:
         report.problems.append(f"{CONFIG_NAME} lacks or mangles a field the engines read: {error!r}")
     return report

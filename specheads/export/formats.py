@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 from specheads.export.check import PICKLE_SUFFIXES, CheckReport, check_export, detect_format
 from specheads.export.layouts import CONFIG_NAME, SAFETENSORS_WEIGHTS
 from specheads.heads.checkpoint import HeadCheckpointError, base_model_info, check_base
-from specheads.methods.registry import export_formats, method_of_format
+from specheads.methods.registry import export_formats, head_type_of, methods_of_format
 
 FORMATS = export_formats()  # every method's formats (the registry's ``formats``)
 METADATA_KEY = "specheads_base_model"  # safetensors metadata: specheads' record of the base (engines ignore it)
@@ -52,6 +52,8 @@ class ExportFormat:
         check: ``check(config, tensors, report)``: replay the engines' loading rules into ``report``.
         detect: ``detect(config, tensor_names) -> bool``: a folder's config (and tensor names when the config is
             silent, None before they are read) is this layout.
+        fallback: ``detect`` claims a whole family of layouts (any speculators model type), so that a method whose
+            detector is specific to its own members of the family wins over it.
     """
 
     name: str
@@ -61,15 +63,38 @@ class ExportFormat:
     read: Callable[..., torch.nn.Module] | None = None
     check: Callable[[dict[str, Any], dict[str, torch.Tensor], CheckReport], None] | None = None
     detect: Callable[[dict[str, Any], set[str] | None], bool] | None = None
+    fallback: bool = False
 
 
-def export_format(format: str) -> ExportFormat:
+def export_format(
+    format: str, heads: torch.nn.Module | None = None, config: dict[str, Any] | None = None
+) -> ExportFormat:
     """The :class:`ExportFormat` named ``format``, from the registry entry of the method that writes it.
+
+    When several methods write ``format`` (``speculators``), ``heads`` (their type) or ``config`` (a folder's
+    ``config.json``, by the methods' own detectors) picks the method; without either, the first.
 
     Raises:
         ValueError: no method writes ``format``.
     """
-    return method_of_format(format).export_formats()[format]
+    methods = methods_of_format(format)
+    specs = [method.export_formats()[format] for method in methods]
+    if len(specs) == 1:
+        return specs[0]
+    if heads is not None:
+        try:
+            own = head_type_of(heads)
+        except ValueError:
+            own = None
+        for method, spec in zip(methods, specs, strict=True):
+            if method is own:
+                return spec
+    if config is not None:
+        matching = [spec for spec in specs if spec.detect is not None and spec.detect(config, None)]
+        matching.sort(key=lambda spec: spec.fallback)
+        if matching:
+            return matching[0]
+    return specs[0]
 
 
 @dataclass
@@ -126,7 +151,7 @@ def export_heads(
         ValueError: unknown format, heads of the wrong type for it, a base the format needs is missing, ``out``
             exists and is not empty, or an engine was asked for that cannot serve the heads.
     """
-    spec = export_format(format)  # an unknown format is refused here
+    spec = export_format(format, heads=heads)  # an unknown format is refused here
     if spec.export is not None:
         return spec.export(heads, out, base_model, base_name, num_speculative_tokens, dtype, target_gguf)
     out = Path(out)
@@ -305,7 +330,7 @@ def import_heads(directory: str | Path, base_model: PreTrainedModel | None, form
             "(load_heads(dir, base_model)) so that every shape can be checked against it"
         )
     config = json.loads((directory / CONFIG_NAME).read_text())
-    spec = export_format(format)
+    spec = export_format(format, config=config)
     tensors, metadata = _read_tensors(directory, spec.weights)
     recorded = json.loads(metadata[METADATA_KEY]) if METADATA_KEY in metadata else None
     try:

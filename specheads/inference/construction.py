@@ -75,10 +75,14 @@ def heads_method(heads: str | Path | torch.nn.Module, base: Any = None) -> str:
 
     directory = Path(heads_path(heads, base))
     layout = foreign_format(directory) if directory.is_dir() else None
-    method = method_of_layout(layout) if layout is not None else None
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return _UNKNOWN_HEADS  # the loader names what is wrong with the directory
+    method = method_of_layout(layout, config if isinstance(config, dict) else None) if layout is not None else None
     if method is not None:
         return method.name
     try:
-        return str(json.loads((directory / "config.json").read_text())["head_type"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return _UNKNOWN_HEADS  # the loader names what is wrong with the directory
+        return str(config["head_type"])
+    except (KeyError, TypeError):
+        return _UNKNOWN_HEADS

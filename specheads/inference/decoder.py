@@ -36,7 +36,7 @@ from specheads.inference.drafters import (
 from specheads.inference.generation import GenerationConfig
 from specheads.inference.sampling import SamplingParams, probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import DynamicTree, TreeBuffers, tree_from_choices
+from specheads.inference.trees import BlockTree, DynamicTree, TreeBuffers, tree_from_choices
 from specheads.loading import check_same_vocabulary, eos_token_ids
 from specheads.methods.registry import HEAD_TYPES
 from specheads.metrics import SpecStats
@@ -598,10 +598,13 @@ class SpecDecoder:
         return _Settings(config.max_new_tokens, sampling, rule, config.options, eos, request, config.seed)
 
     def _dynamic_tree(self, config: GenerationConfig) -> Any:
-        """``tree="dynamic"`` with any of ``tree_top_k`` / ``depth`` / ``total_tokens`` set becomes a DynamicTree."""
+        """``tree="dynamic"`` with any of ``tree_top_k`` / ``depth`` / ``total_tokens`` set becomes a DynamicTree;
+        ``tree="ddtree"`` with ``total_tokens`` a DDTree of that budget."""
         given = config.dynamic_overrides
         if not given:
             return config.tree
+        if config.tree == "ddtree":
+            return BlockTree(given["total_tokens"])
         defaults = self.drafter.dynamic
         if not isinstance(defaults, DynamicTree):
             growers = [name for name, method in HEAD_TYPES.items() if method.dynamic_trees]

@@ -68,8 +68,10 @@ class GenerationConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{name} must be a number, got {value!r}")
         given = sorted(k for k in DYNAMIC_TREE_KWARGS if getattr(self, k) is not None)
-        if given and self.tree != "dynamic":
-            raise ValueError(f"{given} set a dynamic tree: pass tree='dynamic'")
+        if self.tree == "ddtree" and given and given != ["total_tokens"]:
+            raise ValueError(f"a DDTree takes only total_tokens (its node budget), not {given}")
+        if given and self.tree not in ("dynamic", "ddtree"):
+            raise ValueError(f"{given} set a dynamic tree: pass tree='dynamic' (or tree='ddtree' with total_tokens)")
 
     @classmethod
     def known(cls) -> list[str]:

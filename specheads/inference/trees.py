@@ -22,6 +22,7 @@ import torch
 TREES_DIR = Path(__file__).resolve().parents[1] / "trees"  # package data (configs/trees links here in the repository)
 _CHAIN_RE = re.compile(r"^chain-(\d+)$")
 _DYNAMIC_RE = re.compile(r"^dynamic-(\d+)-(\d+)-(\d+)$")
+_BLOCK_RE = re.compile(r"^ddtree-(\d+)$")
 
 Choices = tuple[tuple[int, ...], ...]
 
@@ -154,6 +155,38 @@ class DynamicTree:
         return f"dynamic-{self.top_k}-{self.depth}-{self.total_tokens}"
 
 
+@dataclass(frozen=True)
+class BlockTree:
+    """A DDTree (Ringel et al. 2026, arXiv 2604.12989): the ``total_tokens`` best paths through the per-depth
+    distributions of one block drafter forward, grown best-first (the drafter's :func:`ddtree` builder).
+
+    Attributes:
+        total_tokens: drafted nodes verified (the root not counted).
+    """
+
+    total_tokens: int
+
+    def __post_init__(self) -> None:
+        value = self.total_tokens
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TreeError(f"a DDTree's node budget (total_tokens) must be an integer >= 1, got {value!r}")
+
+    @property
+    def num_nodes(self) -> int:
+        """The most nodes a tree of this budget verifies."""
+        return self.total_tokens
+
+    @classmethod
+    def parse(cls, text: str) -> BlockTree | None:
+        """``"ddtree-N"`` (a budget of N nodes), the form the CLI and bench take; else None."""
+        match = _BLOCK_RE.match(text)
+        return None if match is None else cls(int(match.group(1)))
+
+    @property
+    def name(self) -> str:
+        return f"ddtree-{self.total_tokens}"
+
+
 def validate_choices(choices: Sequence[Sequence[int]]) -> Choices:
     """Check a Medusa choice list and return it sorted by (depth, path).
 
@@ -261,6 +294,14 @@ def resolve_tree(spec: str | Path | Sequence[Sequence[int]]) -> TreeBuffers:
         text = str(spec)
         if text == "dynamic" or _DYNAMIC_RE.match(text):
             raise TreeError("tree='dynamic' (EAGLE-2) is grown by an EAGLE head; this drafter takes static trees only")
+        if text == "ddtree" or _BLOCK_RE.match(text):
+            from specheads.methods.registry import HEAD_TYPES
+
+            builders = [name for name, method in HEAD_TYPES.items() if method.block_trees]
+            raise TreeError(
+                f"tree={text!r} (DDTree) is built from one block of a block drafter (methods {builders}); this "
+                "drafter takes static trees only"
+            )
         match = _CHAIN_RE.match(text)
         if match:
             length = int(match.group(1))

@@ -50,6 +50,8 @@ class HeadType:
         draft_cost: ``"module:function"``, ``function(heads) -> ms``: the cost of one draft level, which calibration
             adds per tree depth (None: drafting costs the same at any depth, e.g. one forward of all heads).
         dynamic_trees: the drafter grows EAGLE-2 dynamic trees (``tree="dynamic"``).
+        block_trees: the drafter builds DDTree trees from one block forward (``tree="ddtree"``), and one draft
+            forward drafts every depth (calibration's draft cost is paid once per step, not per depth).
         joint_training: the recipe may train the base with the heads (``lora.enabled``, Medusa-2).
         exports: ``"module:attribute"``, a ``{format: ExportFormat}`` mapping (:class:`specheads.export.formats.
             ExportFormat`): how each of ``formats`` is written, read, checked and recognised.
@@ -67,6 +69,7 @@ class HeadType:
     layouts: tuple[str, ...] = ()
     draft_cost: str | None = None
     dynamic_trees: bool = False
+    block_trees: bool = False
     joint_training: bool = False
     exports: str | None = None
 
@@ -136,29 +139,53 @@ HEAD_TYPES: dict[str, HeadType] = {
         evaluate="specheads.methods.draft_lm.train:draft_agreement",
         drafter="specheads.methods.draft_lm.heads:draft_drafter",
     ),
+    "dflash": HeadType(
+        name="dflash",
+        module="specheads.methods.dflash.heads:DFlashHead",
+        recipe="specheads.methods.dflash.config:DFlashHeadsConfig",
+        build="specheads.methods.dflash.train:build_heads",
+        train_step="specheads.methods.dflash.train:train_step",
+        evaluate="specheads.methods.dflash.train:block_agreement",
+        drafter="specheads.methods.dflash.drafter:DFlashDrafter",
+        bench_trees=("chain-3", "chain-7", "ddtree-8", "ddtree-16", "ddtree-32"),
+        formats=("dflash", "dspark", "speculators"),
+        layouts=("dflash", "dspark", "speculators"),
+        exports="specheads.methods.dflash.export:FORMATS",
+        draft_cost="specheads.methods.dflash.drafter:measure_draft_cost",
+        block_trees=True,
+    ),
 }
 
 
 def export_formats() -> tuple[str, ...]:
-    """Every export format of every method, in registry order."""
-    return tuple(fmt for method in HEAD_TYPES.values() for fmt in method.formats)
+    """Every export format of every method, in registry order, each once (a format several methods write, such as
+    ``speculators``, is one name)."""
+    return tuple(dict.fromkeys(fmt for method in HEAD_TYPES.values() for fmt in method.formats))
 
 
-def method_of_format(format: str) -> HeadType:
-    """The method whose heads an export format holds.
+def methods_of_format(format: str) -> list[HeadType]:
+    """The methods whose heads an export format holds (several for a family format such as ``speculators``).
 
     Raises:
         ValueError: no method writes ``format``.
     """
-    for method in HEAD_TYPES.values():
-        if format in method.formats:
-            return method
-    raise ValueError(f"unknown export format {format!r}; choose one of {list(export_formats())}")
+    methods = [method for method in HEAD_TYPES.values() if format in method.formats]
+    if not methods:
+        raise ValueError(f"unknown export format {format!r}; choose one of {list(export_formats())}")
+    return methods
 
 
-def method_of_layout(layout: str) -> HeadType | None:
-    """The method whose heads a foreign engine layout holds (None: no method reads it)."""
-    return next((method for method in HEAD_TYPES.values() if layout in method.layouts), None)
+def method_of_layout(layout: str, config: dict[str, Any] | None = None) -> HeadType | None:
+    """The method whose heads a foreign engine layout holds (None: no method reads it). When several read the
+    layout (``speculators``), the folder's ``config`` decides by the methods' own detectors (a specific detector
+    before one that claims the whole family)."""
+    methods = [method for method in HEAD_TYPES.values() if layout in method.layouts]
+    if len(methods) > 1 and config is not None:
+        specs = [(method, method.export_formats()[layout]) for method in methods]
+        matching = [(spec.fallback, index) for index, (_, spec) in enumerate(specs) if spec.detect(config, None)]
+        if matching:
+            return specs[min(matching)[1]][0]
+    return methods[0] if methods else None
 
 
 def head_type_of(heads: Any) -> HeadType:

@@ -14,7 +14,6 @@ from helpers import ARCHITECTURES, greedy_reference, tiny_model
 
 from specheads import SpecDecoder
 from specheads.export import check_export, export_heads
-from specheads.export.formats import export_format
 from specheads.heads import load_heads
 from specheads.methods.registry import HEAD_TYPES, export_formats
 
@@ -58,13 +57,19 @@ def test_a_method_builds_saves_loads_and_decodes_losslessly(name: str, tmp_path)
             assert out.new_tokens == _greedy(base, prompt, 10), f"{name} on {arch}, batched"
 
 
-@pytest.mark.parametrize("fmt", [f for f in export_formats() if export_format(f).write is not None])
-def test_every_folder_format_of_a_method_exports_checks_and_reads_back(fmt: str, tmp_path) -> None:
-    method = next(m for m in HEAD_TYPES.values() if fmt in m.formats)
+FOLDER_FORMATS = [
+    (name, fmt) for name, method in sorted(HEAD_TYPES.items()) for fmt, spec in method.export_formats().items()
+    if spec.write is not None
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "fmt"), FOLDER_FORMATS)
+def test_every_folder_format_of_a_method_exports_checks_and_reads_back(name: str, fmt: str, tmp_path) -> None:
+    method = HEAD_TYPES[name]
     base = tiny_model("llama", seed=1, layers=8)  # deep enough for distinct default feature layers
-    # A format may hold one version of the method's heads: try the method's default, then each version it has.
+    # A format may hold one version or variant of the method's heads: try the method's default, then each.
     errors = []
-    for section in ({}, {"version": 3}, {"version": 1}):
+    for section in ({}, {"version": 3}, {"version": 1}, {"variant": "dspark"}):
         heads = _heads(method, base, **section)
         try:
             result = export_heads(heads, tmp_path / f"{fmt}-{len(errors)}", format=fmt, base_model=base)
@@ -77,6 +82,9 @@ def test_every_folder_format_of_a_method_exports_checks_and_reads_back(fmt: str,
     assert result.report.ok, result.report.render()
     assert check_export(result.directory).format == fmt  # recognised by its own detector
     back = load_heads(result.directory, base)
+    assert type(back) is type(heads)  # a format several methods write is read by the method that wrote it
+    for key, value in heads.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[key], value, msg=f"{name} {fmt} {key}")
     decoder = SpecDecoder(base, method.make_drafter(back))
     prompt = _prompt(9, seed=3)
     assert decoder.generate(prompt, max_new_tokens=8).new_tokens == _greedy(base, prompt, 8)
@@ -86,4 +94,7 @@ def test_every_listed_format_has_its_spec_and_every_layout_its_method() -> None:
     for method in HEAD_TYPES.values():
         assert set(method.formats) == set(method.export_formats()), method.name
         assert set(method.layouts) <= set(method.formats), method.name
-    assert len(export_formats()) == len(set(export_formats())), "two methods claim one format"
+    assert len(export_formats()) == len(set(export_formats()))
+    for fmt in export_formats():  # a format two methods write is told apart by a specific detector and a fallback
+        specs = [m.export_formats()[fmt] for m in HEAD_TYPES.values() if fmt in m.formats]
+        assert sum(not spec.fallback for spec in specs) >= len(specs) - 1, fmt

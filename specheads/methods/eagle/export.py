@@ -616,6 +616,7 @@ FORMATS = {
         read=_read(3, "speculators"),
         check=_check_speculators,
         detect=_is_speculators,
+        fallback=True,  # any speculators model type: its check names the unknown ones
     ),
     "eagle": ExportFormat(
         "eagle",
