@@ -120,8 +120,10 @@ def test_a_block_drafter_speculators_writes_imports_into_specheads(tmp_path) -> 
 
     base = tiny_model("llama", seed=4, vocab_size=VOCAB, layers=LAYERS)
     base.save_pretrained(tmp_path / "base")
-    layer = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256)  # fmt: skip
+    layer = Qwen3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+    )  # fmt: skip
     layer._attn_implementation = "eager"
     config = DSparkSpeculatorConfig(
         transformer_layer_config=layer, draft_vocab_size=VOCAB, block_size=BLOCK, aux_hidden_state_layer_ids=[2, 4],
@@ -129,7 +131,9 @@ def test_a_block_drafter_speculators_writes_imports_into_specheads(tmp_path) -> 
         speculators_config=speculators.SpeculatorsConfig(
             algorithm="dspark", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=BLOCK)],
             default_proposal_method="greedy",
-            verifier=speculators.VerifierConfig(name_or_path=str(tmp_path / "base"), architectures=["LlamaForCausalLM"]),
+            verifier=speculators.VerifierConfig(
+                name_or_path=str(tmp_path / "base"), architectures=["LlamaForCausalLM"]
+            ),
         ),
     )  # fmt: skip
     draft = DSparkDraftModel(config)
@@ -138,7 +142,8 @@ def test_a_block_drafter_speculators_writes_imports_into_specheads(tmp_path) -> 
     with torch.no_grad():
         for name, parameter in draft.named_parameters():
             if not name.startswith(("embed_tokens", "lm_head", "verifier")):
-                parameter.copy_((1.0 if "norm" in name else 0.0) + 0.2 * torch.randn(parameter.shape, generator=generator))
+                noise = 0.2 * torch.randn(parameter.shape, generator=generator)
+                parameter.copy_((1.0 if "norm" in name else 0.0) + noise)
     draft.save_pretrained(str(tmp_path / "draft"))
 
     with pytest.warns(UserWarning, match="without a fingerprint"):
