@@ -134,15 +134,20 @@ def position_weights(section: DFlashHeadsConfig, depth: int, valid: torch.Tensor
 
 def block_losses(
     section: DFlashHeadsConfig, head: DFlashHead, logits: torch.Tensor, teacher: torch.Tensor | None,
-    tokens: torch.Tensor, valid: torch.Tensor, confidence: torch.Tensor | None,
+    tokens: torch.Tensor, valid: torch.Tensor, confidence: torch.Tensor | None, blocks: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
     """The weighted loss of every counted depth (see :class:`DFlashHeadsConfig`) and its parts.
+
+    The sum is divided by a constant, ``blocks`` (the M blocks by default) times the decay weights of one whole
+    block, not by the weights that happen to count: every row's share of the loss is then its own, so that a
+    batch split over processes (whose gradients are averaged) trains exactly as on one process.
 
     Args:
         logits: ``[M, D, V]`` the draft's logits of M blocks.
         teacher: ``[M, D, V]`` the base's logits at each depth's target position (None for pure CE).
         tokens: ``[M, D]`` the data's token at each depth; valid ``[M, D]``.
         confidence: ``[M, D]`` the confidence head's logits, or None.
+        blocks: the normaliser's block count (default M).
     """
     loss_name = section.resolved_loss
     log_q = logits.float().log_softmax(dim=-1)
@@ -159,18 +164,18 @@ def block_losses(
         l1 = (log_q.exp() - p_t).abs().sum(dim=-1)
         per_depth = 0.1 * data_ce + 0.9 * l1
         parts["l1"] = l1
-    weights = position_weights(section, logits.shape[1], valid, torch.exp(-ce).detach())
-    total = weights.sum().clamp_min(1e-6)
+    depth = logits.shape[1]
+    weights = position_weights(section, depth, valid, torch.exp(-ce).detach())
+    decay = position_weights(DFlashHeadsConfig(decay_gamma=section.decay_gamma), depth, valid)
+    full = torch.exp(-torch.arange(depth, dtype=torch.float32) / section.decay_gamma).sum()
+    total = (logits.shape[0] if blocks is None else blocks) * full
     loss = (weights * per_depth).sum() / total
     parts["per_depth"] = per_depth
     if confidence is not None and p_t is not None:
         tv = 0.5 * (log_q.exp() - p_t).abs().sum(dim=-1)
         target = (1 - tv).detach().clamp(0, 1)
         bce = F.binary_cross_entropy_with_logits(confidence.float(), target, reduction="none")
-        decay = position_weights(
-            DFlashHeadsConfig(decay_gamma=section.decay_gamma), logits.shape[1], valid
-        )  # the confidence BCE always weighs by the fixed decay
-        confidence_loss = (decay * bce).sum() / decay.sum().clamp_min(1e-6)
+        confidence_loss = (decay * bce).sum() / total  # the confidence BCE always weighs by the fixed decay
         loss = loss + section.confidence_weight * confidence_loss
         parts["confidence_bce"] = confidence_loss.detach()
     return loss, parts
