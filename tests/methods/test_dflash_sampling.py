@@ -55,8 +55,9 @@ def _trained_head(base, variant: str) -> DFlashHead:  # noqa: ANN001
         hidden = depth_hidden(head, head(sequences, features, anchors))
         logits = head.slot_logits(hidden, previous)
         confidence = head.confidence_logits(hidden, previous) if head.confidence_head is not None else None
+        flat = None if confidence is None else confidence.flatten(0, 1)
         loss, _ = block_losses(section, head, logits.flatten(0, 1), teacher.flatten(0, 1), tokens.flatten(0, 1),
-                               valid.flatten(0, 1), None if confidence is None else confidence.flatten(0, 1))  # fmt: skip
+                               valid.flatten(0, 1), flat)  # fmt: skip
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
