@@ -3,13 +3,20 @@ environment of training subprocesses."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
 
 from specheads.heads import load_heads
+
+TIMEOUT_S = 300  # a 2-process run must never hang the suite
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\n\nclass Stack:\n    def push(self, item):\n        self.items.append(item)\n"
@@ -35,3 +42,60 @@ def heads_state(path: Path) -> dict[str, torch.Tensor]:
 def subprocess_env(**extra: str) -> dict[str, str]:
     """The environment of a training subprocess: offline, one thread, no tokenizer threads."""
     return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, read from /proc (empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL the launcher's process group and every process below it.
+
+    The group alone is not enough: torchrun starts each worker in a session of its own, so a worker stuck at exit
+    outlives its killed launcher (and would keep a pipe open forever: output goes to a file, never a pipe).
+    """
+    below = descendants(process.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()
+
+
+def run_logged(command: list[str], log: Path, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run ``command`` (output into ``log``); past ``timeout`` kill it with all its processes and fail."""
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            command, env=subprocess_env(), stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(process)
+            pytest.fail(f"{' '.join(command[:6])} ... ran past {timeout} s and was killed:\n{log.read_text()[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, log.read_text(), "")
+
+
+def two_processes(overrides: list[str], log: Path, config_file: Path | None = None) -> subprocess.CompletedProcess:
+    """``accelerate launch`` two CPU processes (gloo) of ``specheads.train``, exactly as the Medusa test does."""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch"]
+    if config_file is not None:
+        launcher += ["--config_file", str(config_file)]
+    else:
+        launcher += ["--multi_gpu"]
+    launcher += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    return run_logged([*launcher, "-m", "specheads.train", *overrides], log)

@@ -3,9 +3,7 @@ processes like on one, and refuses bad recipes before any compute. Modelled on `
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,14 +14,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import tiny_model
-from training_helpers import heads_state, make_workspace, subprocess_env
+from training_helpers import heads_state, make_workspace, run_logged, subprocess_env, two_processes
 
 from specheads.heads import load_heads
 from specheads.training.config import ConfigError, load_config
 from specheads.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 300  # a 2-process run must never hang the suite
 
 
 @pytest.fixture(scope="module")
@@ -59,63 +56,6 @@ def _overrides(workspace: Path, out: Path, version: int = 3, **extra) -> list[st
 
 
 _heads, _env = heads_state, subprocess_env
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid``, read from /proc (empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_tree(process: subprocess.Popen) -> None:
-    """SIGKILL the launcher's process group and every process below it.
-
-    The group alone is not enough: torchrun starts each worker in a session of its own, so a worker stuck at exit
-    outlives its killed launcher (and would keep a pipe open forever: output goes to a file, never a pipe).
-    """
-    below = _descendants(process.pid)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    for pid in below:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    process.wait()
-
-
-def _run(command: list[str], log: Path, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run ``command`` (output into ``log``); past ``timeout`` kill it with all its processes and fail."""
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            command, env=_env(), stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_tree(process)
-            pytest.fail(f"{' '.join(command[:6])} ... ran past {timeout} s and was killed:\n{log.read_text()[-3000:]}")
-    return subprocess.CompletedProcess(command, process.returncode, log.read_text(), "")
-
-
-def _two_processes(overrides: list[str], log: Path, config_file: Path | None = None) -> subprocess.CompletedProcess:
-    """``accelerate launch`` two CPU processes (gloo) of ``specheads.train``, exactly as the Medusa test does."""
-    launcher = [sys.executable, "-m", "accelerate.commands.launch"]
-    if config_file is not None:
-        launcher += ["--config_file", str(config_file)]
-    else:
-        launcher += ["--multi_gpu"]
-    launcher += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    return _run([*launcher, "-m", "specheads.train", *overrides], log)
 
 
 # ---------------------------------------------------------------------------------------------------- train + export
@@ -171,7 +111,7 @@ def test_eagle3_resume_after_sigkill_matches_an_uninterrupted_run(workspace, tmp
             process.send_signal(signal.SIGKILL)  # right after the checkpoint, mid-run
             process.wait()
     assert not (out / "heads").exists(), "the run finished before it could be killed; make it longer"
-    resumed = _run(command, tmp_path / "resumed.log")
+    resumed = run_logged(command, tmp_path / "resumed.log")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "resumed from" in resumed.stdout
     for name, value in _heads(reference).items():
@@ -185,7 +125,7 @@ def _two_equal_one(workspace: Path, tmp_path: Path, config_file: Path | None) ->
     single = train(load_config(None, _overrides(workspace, tmp_path / "single", **common)))
     out = tmp_path / "double"
     overrides = _overrides(workspace, out, **{**common, "train.batch_size": 2})
-    result = _two_processes(overrides, tmp_path / "double.log", config_file)
+    result = two_processes(overrides, tmp_path / "double.log", config_file)
     assert result.returncode == 0, result.stdout[-3000:]
     final = json.loads((out / "final_state.json").read_text())
     assert final["world_size"] == 2
@@ -229,7 +169,7 @@ def _fsdp_on_cpu_blocker(tmp_path: Path) -> str | None:
     probe.write_text(FSDP_PROBE)
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
     launcher += [str(REPO / "configs" / "accelerate" / "fsdp.yaml"), "--num_processes", "2"]
-    result = _run([*launcher, "--mixed_precision", "no", str(probe)], tmp_path / "probe.log", timeout=120)
+    result = run_logged([*launcher, "--mixed_precision", "no", str(probe)], tmp_path / "probe.log", timeout=120)
     observed = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
     if result.returncode == 0 and observed and all("distributed_type=FSDP" in line for line in observed):
         return None
