@@ -47,6 +47,8 @@ def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None)
         heads.calibrated_tree = record["choices"]
         if "dynamic" in record and hasattr(heads, "calibrated_dynamic"):
             heads.calibrated_dynamic = record["dynamic"]
+        if "budget" in record and hasattr(heads, "calibrated_budget"):
+            heads.calibrated_budget = int(record["budget"])
     if base_model is not None:
         heads.attach_base(base_model)
         lm_head = base_model.get_output_embeddings().weight

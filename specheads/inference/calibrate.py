@@ -1,4 +1,4 @@
-"""Tree calibration: choose the tree that maximises tokens per second on *this* machine, for Medusa or EAGLE heads.
+"""Tree calibration: choose the tree that maximises tokens per second on *this* machine, for any trained heads.
 
 A tree pays when the tokens it is expected to add outweigh what verifying it costs. Both are measured:
 
@@ -12,7 +12,9 @@ greedily, most probable node first (as Medusa's tree search does), and the size 
 
 A method that drafts level by level (EAGLE) also pays a draft forward per level (``depth_ms``, measured by the
 method's draft-cost model, its registry entry's ``draft_cost``); the chosen tree also gives the EAGLE-2 dynamic-tree
-parameters that can grow it (:func:`dynamic_parameters`).
+parameters that can grow it (:func:`dynamic_parameters`). A block drafter (DFlash, DSpark) pays its draft cost once
+per step, whatever the depth (one block forward drafts every depth), and its DDTree node budgets are timed too: the
+fastest is ``tree="ddtree"``'s budget.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 import torch
 
 from specheads.inference import kv_cache
-from specheads.inference.trees import DynamicTree, tree_from_parents
+from specheads.inference.trees import BlockTree, DynamicTree, tree_from_parents
 from specheads.loading import vocab_size
 
 
@@ -258,6 +260,11 @@ class CalibrationResult:
         if "dynamic" in record:
             level = record["draft_ms_per_level"]
             lines.append(f"EAGLE-2 dynamic tree for this machine: {record['dynamic']} (draft level {level:.2f} ms)")
+        if "budget" in record:
+            lines.append(
+                f"DDTree node budget for this machine (tree='ddtree'): {record['budget']} (one block forward "
+                f"{record['draft_ms_per_step']:.2f} ms a step)"
+            )
         if record["best_speedup_over_plain"] < 1.0:
             lines.append(
                 f"warning: no tree beats plain decoding on this machine (best {record['best_speedup_over_plain']:.2f}x"
@@ -306,13 +313,16 @@ def calibrate(
     log("timing the verify cost curve and a draft level")
     with torch.inference_mode():
         step_ms = measure_verify_cost(base, sizes=(1, 2, 4, 8, 16, 32, 64))
-    depth_ms = method.draft_cost_ms(heads)
-    best = choose_tree(agreement["agreement_by_rank"], step_ms, max_nodes=max_nodes, depth_ms=depth_ms)
+    draft_ms = method.draft_cost_ms(heads)
+    step_cost = {"fixed_ms": draft_ms} if method.block_trees else {"depth_ms": draft_ms}  # a block: once per step
+    best = choose_tree(agreement["agreement_by_rank"], step_ms, max_nodes=max_nodes, **step_cost)
     statics = candidate_trees(agreement["agreement_by_rank"], max_nodes)
     trees: list = [*statics]
     if method.dynamic_trees:
         dynamics = list({tuple(dynamic_parameters(c).values()): dynamic_parameters(c) for c in statics}.values())
         trees += [DynamicTree(**params) for params in dynamics]
+    if method.block_trees:
+        trees += [BlockTree(size) for size in (2, 4, 8, 16, 32, 64) if size <= max_nodes]
     prompts = [_calibration_prompt(row, prompt_tokens) for row in dataset.select(range(min(4, len(dataset))))]
     log(f"timing {len(trees)} trees and plain decoding on {len(prompts)} held-out prompts")
     decoder, plain = SpecDecoder(base, method.make_drafter(heads)), SpecDecoder(base, NoDrafter())
@@ -325,15 +335,17 @@ def calibrate(
         }
         for tree, result in zip(trees, timed, strict=False)
     ]
-    dynamic_rows = measured[len(statics) :]
+    dynamic_rows = [row for row, tree in zip(measured, trees, strict=True) if isinstance(tree, DynamicTree)]
+    block_rows = [row for row, tree in zip(measured, trees, strict=True) if isinstance(tree, BlockTree)]
     plain_rate = timed[-1]["tokens_per_s"]
     record = {
         "choices": max(measured[: len(statics)], key=lambda row: row["tokens_per_s"])["tree"],
         **({"dynamic": max(dynamic_rows, key=lambda row: row["tokens_per_s"])["tree"]} if dynamic_rows else {}),
+        **({"budget": max(block_rows, key=lambda row: row["tokens_per_s"])["nodes"]} if block_rows else {}),
         "measured": measured,
         "plain_tokens_per_s": plain_rate,
         "best_speedup_over_plain": max(row["tokens_per_s"] for row in measured) / plain_rate,
-        "draft_ms_per_level": depth_ms,
+        **({"draft_ms_per_step": draft_ms} if method.block_trees else {"draft_ms_per_level": draft_ms}),
         "expected_tau": best.expected_tau,
         "step_ms": best.step_ms,
         "expected_tokens_per_s": best.expected_tokens_per_s,

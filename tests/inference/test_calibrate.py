@@ -174,3 +174,32 @@ def test_calibrate_reads_the_recipe_held_out_split_and_times_plain_decoding(tmp_
     printed = capsys.readouterr().out
     assert "measured plain decoding" in printed and "held-out batches" in printed
     assert ("no tree beats plain decoding" in printed) == (record["best_speedup_over_plain"] < 1.0)
+
+
+def test_calibrate_a_block_drafter_times_ddtree_budgets_and_pays_its_draft_once_per_step(tmp_path) -> None:
+    from specheads.cli import main
+    from specheads.inference.trees import BlockTree
+    from specheads.methods.dflash.heads import DFlashHead
+
+    base = tiny_model("llama", seed=1, layers=4)
+    base.save_pretrained(tmp_path / "base")
+    tiny_tokenizer().save_pretrained(tmp_path / "base")
+    DFlashHead.from_base(base, variant="dspark", block_size=4, markov_rank=8).save_pretrained(tmp_path / "heads")
+    (tmp_path / "data.txt").write_text("def f(x):\n    return x * 2\n" * 40)
+    args = ["calibrate", "--base", str(tmp_path / "base"), "--heads", str(tmp_path / "heads")]
+    args += ["--data", str(tmp_path / "data.txt"), "--max-length", "64", "--batches", "2", "--new-tokens", "6"]
+    assert main([*args, "--max-nodes", "8"]) == 0
+    record = json.loads((tmp_path / "heads" / "tree.json").read_text())
+    assert record["draft_ms_per_step"] > 0 and "draft_ms_per_level" not in record
+    budgets = [row["nodes"] for row in record["measured"] if row["tree"] == {"total_tokens": row["nodes"]}]
+    assert budgets == [2, 4, 8] and record["budget"] in budgets  # the fastest measured budget
+    # the cost model charges the block once: a deeper tree of the same size costs the same
+    sizes = {row["nodes"]: row["step_ms"] for row in record["candidates"]}
+    verify = {int(q): ms for q, ms in record["verify_ms_by_query_tokens"].items()}
+    assert abs(sizes[1] - verify[2] - record["draft_ms_per_step"]) < 1e-6
+    decoder = SpecDecoder.from_pretrained(base, heads=str(tmp_path / "heads"))
+    assert decoder.drafter.resolve("ddtree") == decoder.drafter.resolve("auto") == BlockTree(record["budget"])
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    for tree in ("auto", "ddtree", "chain-2"):
+        out = decoder.generate(prompt, max_new_tokens=12, tree=tree)
+        assert torch.equal(out.sequences, greedy_reference(base, prompt, 12))
