@@ -532,8 +532,8 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
         "the base's verify cost curve and (EAGLE) the cost of a draft level on this machine, grow trees greedily and "
         "time the candidates against plain decoding; write the best one to HEADS/tree.json (then tree='auto' is "
         "that tree); for EAGLE heads also the EAGLE-2 dynamic-tree parameters top_k/depth/total_tokens that grow it "
-        "(the head's default tree='dynamic'), for block drafters the DDTree node budget (tree='ddtree'). Says so when no "
-        "tree beats plain decoding here.",
+        "(the head's default tree='dynamic'), for block drafters the DDTree node budget (tree='ddtree'). Says so "
+        "when no tree beats plain decoding here.",
     )
     parser.add_argument("--base", help="the base (default: the recipe's with --config)")
     parser.add_argument("--heads", required=True, help="head checkpoint directory (tree.json goes there)")
