@@ -527,13 +527,13 @@ def _distill_decoder(
 def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "calibrate",
-        help="choose the tree (Medusa or EAGLE) with the best expected tokens/s on this machine",
+        help="choose the tree (Medusa, EAGLE, block drafters) with the best expected tokens/s on this machine",
         description="Measure the heads' per-depth, per-rank agreement with the base's greedy token on held-out data, "
-        "the base's verify cost curve and the draft's cost (a level, or a block) on this machine, grow trees greedily and "
-        "time the candidates against plain decoding; write the best one to HEADS/tree.json (then tree='auto' is "
-        "that tree); for EAGLE heads also the EAGLE-2 dynamic-tree parameters top_k/depth/total_tokens that grow it "
-        "(the head's default tree='dynamic'), for block drafters the DDTree node budget (tree='ddtree'). Says so "
-        "when no tree beats plain decoding here.",
+        "the base's verify cost curve and the draft's cost (a level, or a block) on this machine, grow trees "
+        "greedily and time the candidates against plain decoding; write the best one to HEADS/tree.json (then "
+        "tree='auto' is that tree); for EAGLE heads also the EAGLE-2 dynamic-tree parameters top_k/depth/"
+        "total_tokens that grow it (the head's default tree='dynamic'), for block drafters the DDTree node budget "
+        "(tree='ddtree'). Says so when no tree beats plain decoding here.",
     )
     parser.add_argument("--base", help="the base (default: the recipe's with --config)")
     parser.add_argument("--heads", required=True, help="head checkpoint directory (tree.json goes there)")
