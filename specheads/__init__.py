@@ -13,6 +13,9 @@ from specheads._lazy import lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "BlockTree": "specheads.inference.trees",
+    "DFlashDrafter": "specheads.methods.dflash.drafter",
+    "DFlashHead": "specheads.methods.dflash.heads",
     "DraftModelDrafter": "specheads.inference.drafters",
     "DynamicTree": "specheads.inference.trees",
     "EagleDrafter": "specheads.methods.eagle.drafter",
@@ -30,6 +33,9 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "BlockTree",
+    "DFlashDrafter",
+    "DFlashHead",
     "DraftModelDrafter",
     "DynamicTree",
     "EagleDrafter",
@@ -53,7 +59,9 @@ if TYPE_CHECKING:
     from specheads.inference.decoder import GenerationOutput, SpecDecoder
     from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
     from specheads.inference.generation import GenerationConfig
-    from specheads.inference.trees import DynamicTree, TreeError
+    from specheads.inference.trees import BlockTree, DynamicTree, TreeError
+    from specheads.methods.dflash.drafter import DFlashDrafter
+    from specheads.methods.dflash.heads import DFlashHead
     from specheads.methods.eagle.drafter import EagleDrafter
     from specheads.methods.eagle.heads import EagleHead
     from specheads.methods.medusa.heads import MedusaHeads

@@ -1,4 +1,5 @@
-"""Draft heads trained on top of a frozen base (Medusa, EAGLE-1/3), their checkpoints and their registry.
+"""Draft heads trained on top of a frozen base (Medusa, EAGLE-1/3, DFlash/DSpark block drafters), their checkpoints
+and their registry.
 
 Names are imported on first use (PEP 562): the registry alone does not need torch.
 """
@@ -11,6 +12,8 @@ from specheads._lazy import lazy_exports
 
 _EXPORTS = {
     "HEAD_TYPES": "specheads.methods.registry",
+    "DFlashConfig": "specheads.methods.dflash.heads",
+    "DFlashHead": "specheads.methods.dflash.heads",
     "EagleConfig": "specheads.methods.eagle.heads",
     "EagleHead": "specheads.methods.eagle.heads",
     "HeadCheckpointError": "specheads.heads.checkpoint",
@@ -23,6 +26,8 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "DFlashConfig",
+    "DFlashHead",
     "EagleConfig",
     "EagleHead",
     "HEAD_TYPES",
@@ -38,6 +43,7 @@ __all__ = [
 if TYPE_CHECKING:
     from specheads.heads.checkpoint import HeadCheckpointError
     from specheads.heads.loading import heads_for_decoding, load_heads
+    from specheads.methods.dflash.heads import DFlashConfig, DFlashHead
     from specheads.methods.eagle.heads import EagleConfig, EagleHead
     from specheads.methods.medusa.heads import MedusaConfig, MedusaHeads
     from specheads.methods.registry import HEAD_TYPES, HeadType, head_type_of

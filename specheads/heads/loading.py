@@ -90,7 +90,8 @@ def heads_path(heads: str | Path | torch.nn.Module, base: Any = None) -> str | P
 def heads_for_comparison(
     paths: list[str], base: PreTrainedModel, base_name: str
 ) -> tuple[list[tuple[str, torch.nn.Module]], PreTrainedModel, bool]:
-    """Several head checkpoints on one base, labelled by method (numbered when several share one), for a benchmark.
+    """Several head checkpoints on one base, labelled by method or variant (numbered when several share one), for a
+    benchmark.
 
     A single Medusa-2 checkpoint (with its LoRA adapter) replaces the base by its merged fine-tuned model, which no
     other heads were trained for: it must come alone. Returns the labelled heads, the base they decode with, and
@@ -112,6 +113,7 @@ def heads_for_comparison(
         heads, merged = heads_for_decoding(paths[0], base)
         return [("medusa2", heads)], merged, True
     loaded = [heads_for_decoding(path, base)[0] for path in paths]
-    kinds = [head_type_of(heads).name for heads in loaded]
+    # a method with variants (DFlash / DSpark) labels rows by the variant
+    kinds = [getattr(heads.config, "variant", None) or head_type_of(heads).name for heads in loaded]
     labels = [kind if kinds.count(kind) == 1 else f"{kind}{kinds[: i + 1].count(kind)}" for i, kind in enumerate(kinds)]
     return list(zip(labels, loaded, strict=True)), base, False

@@ -1,2 +1,2 @@
-"""One folder per method with a trained drafter (``medusa``, ``eagle``, ``draft_lm``), each behind one entry of
+"""One folder per method with a trained drafter (``medusa``, ``eagle``, ``draft_lm``, ``dflash``), each behind one entry of
 :mod:`specheads.methods.registry`: its recipe section, heads module, drafter, training step and evaluation."""
