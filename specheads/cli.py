@@ -64,7 +64,8 @@ def _add_drafter(parser: argparse.ArgumentParser, heads_help: str, draft_help: s
     drafter.add_argument("--draft-model", help=draft_help)
     parser.add_argument(
         "--tree",
-        help="'chain-K', a tree name, a tree JSON file, 'auto' (calibrated) or 'dynamic' (EAGLE-2, EAGLE heads)",
+        help="'chain-K', a tree name, a tree JSON file, 'auto' (calibrated), 'dynamic' (EAGLE-2, EAGLE heads) or "
+        "'ddtree' / 'ddtree-N' (DDTree of N nodes from one block, block drafters)",
     )
     parser.add_argument(
         "--num-speculative-tokens", type=positive_int, help="K drafted tokens per step (chain drafters)"
@@ -107,7 +108,9 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--acceptance", default="auto", choices=ACCEPTANCE_CHOICES, help="acceptance rule")
     parser.add_argument("--tree-top-k", type=int, help="dynamic tree: nodes expanded per depth")
     parser.add_argument("--depth", type=int, help="dynamic tree: draft levels")
-    parser.add_argument("--total-tokens", type=int, help="dynamic tree: drafted nodes verified per step")
+    parser.add_argument(
+        "--total-tokens", type=int, help="dynamic tree or DDTree: drafted nodes verified per step (the node budget)"
+    )
     parser.add_argument("--seed", type=int)
     _add_machine(parser)
     parser.add_argument("--stats", action="store_true", help="print tau, acceptance by depth and timings")
@@ -595,10 +598,11 @@ def _add_export(subparsers: argparse._SubParsersAction) -> None:
         "export",
         help="export heads to a serving engine's layout, or check an exported directory",
         description="Write heads in the layout a serving engine loads (eagle3: SGLang/vLLM LlamaForCausalLMEagle3; "
-        "speculators: vLLM's speculators format; eagle: EAGLE-1 for SGLang/vLLM; medusa: TGI/TensorRT-LLM/"
-        "FasterDecoding; gguf: an EAGLE-3 draft file for llama.cpp), check it against every engine's loading rules "
-        "and print how to serve it. With --check DIR (or a .gguf file), only check it (exit code 1 when an engine "
-        "would reject it or silently serve something else).",
+        "speculators: vLLM's speculators format, for EAGLE-3, DFlash and DSpark; eagle: EAGLE-1 for SGLang/vLLM; "
+        "medusa: TGI/TensorRT-LLM/FasterDecoding; gguf: an EAGLE-3 draft file for llama.cpp; dflash: z-lab's DFlash "
+        "for vLLM/SGLang/llama.cpp; dspark: DeepSpec's DSpark for vLLM/SGLang/llama.cpp), check it against every "
+        "engine's loading rules and print how to serve it. With --check DIR (or a .gguf file), only check it (exit "
+        "code 1 when an engine would reject it or silently serve something else).",
     )
     parser.add_argument("--heads", help="head checkpoint directory, or 'default' (the shipped EAGLE-3, --base default)")
     parser.add_argument("--format", choices=FORMAT_CHOICES, help="layout to write (or, with --check, to check as)")
