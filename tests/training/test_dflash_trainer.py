@@ -225,3 +225,27 @@ def test_block_training_on_two_processes_agrees_with_one(workspace, tmp_path) ->
     assert final["world_size"] == 2
     for name, value in heads_state(single).items():
         torch.testing.assert_close(heads_state(out / "heads")[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_the_evaluation_walks_the_base_path_through_chains_and_ddtrees() -> None:
+    """A drafter that always drafts the base's own greedy tokens: every chain and tree accepts the whole on-path
+    block; tree tau never falls below chain tau and grows with the budget."""
+    from specheads.methods.dflash.train import TREE_BUDGETS, _tree_walk, block_agreement
+
+    base = _base()
+    head = DFlashHead.from_base(base, variant="dspark", block_size=4, markov_rank=8)
+    ids = torch.randint(2, 96, (2, 24), generator=torch.Generator().manual_seed(3))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    summary = block_agreement(base, head, [batch])
+    assert summary["chain_tau"] >= 1.0 and set(summary["tree_tau"]) == set(TREE_BUDGETS)
+    taus = [summary["tree_tau"][budget] for budget in TREE_BUDGETS]
+    assert taus == sorted(taus) and taus[0] >= 1.0
+    # A tree holding the path accepts all of it; one without its first token accepts nothing.
+    hidden = torch.zeros(4, base.config.hidden_size)
+    lm_head = base.get_output_embeddings().weight
+    with torch.no_grad():
+        head.markov_head.markov_w2.weight.zero_()
+        path = [int(lm_head[:, 0].argmax()), int(lm_head[:, 1].argmax())]
+        hidden[0, 0] = hidden[1, 1] = 5000.0  # slot d's logits peak where column d of the lm_head does
+        assert _tree_walk(head, hidden, 5, 2, path) == 2
+        assert _tree_walk(head, hidden, 5, 2, [(path[0] + 1) % 96, path[1]]) == 0

@@ -18,7 +18,6 @@ run on more processes draw the same anchors for the same rows.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -30,6 +29,8 @@ from specheads.training.evaluate import RANKS, agreement_summary
 from specheads.training.features import base_output
 
 EVAL_ANCHORS = 128  # anchors per held-out sequence, evenly spaced over its valid positions
+TREE_BUDGETS = (4, 8, 16, 32)  # DDTree node budgets whose tau the evaluation estimates
+TREE_TAU_BLOCKS = 512  # blocks the DDTree tau estimate walks (a Python heap per block and budget)
 
 
 def build_heads(base: torch.nn.Module, section: DFlashHeadsConfig, dataset: Any) -> DFlashHead:
@@ -233,11 +234,13 @@ def block_agreement(
     Up to :data:`EVAL_ANCHORS` anchors per sequence, evenly spaced; depth d of the block at a counts where the data's
     tokens at ``a + 1 .. a + d - 1`` are the base's greedy tokens (the path the base would have accepted). Also
     ``chain_tau``: the mean accepted length plus one of a greedy chain, measured where the whole block lies on
-    such a path or ends where the base's path leaves the data.
+    such a path or ends where the base's path leaves the data (a lower bound: the walk stops there). ``tree_tau``:
+    the same for DDTree trees of :data:`TREE_BUDGETS` nodes built from the block (on the first
+    :data:`TREE_TAU_BLOCKS` blocks): the base's greedy path is followed through the tree as far as it goes.
 
     Returns:
         ``{"agreement_with_base_greedy": [D], "top5_agreement": [D], "accuracy_vs_data": [D],
-        "agreement_by_rank": [D][RANKS], "positions": [D], "chain_tau": float}``.
+        "agreement_by_rank": [D][RANKS], "positions": [D], "chain_tau": float, "tree_tau": {budget: float}}``.
     """
     depth = head.config.num_drafts
     ranks = min(RANKS, head.config.vocab_size)
@@ -245,6 +248,7 @@ def block_agreement(
     by_rank = torch.zeros(depth, ranks, device=device)
     agree, top5, correct, counts = (torch.zeros(depth, device=device) for _ in range(4))
     accepted_total, blocks = 0.0, 0
+    tree_accepted, tree_blocks = dict.fromkeys(TREE_BUDGETS, 0), 0
     for index, batch in enumerate(batches):
         if max_batches is not None and index >= max_batches:
             break
@@ -273,8 +277,43 @@ def block_agreement(
         run = hits[..., 0].long().cumprod(dim=-1).sum(dim=-1)  # [B, N] accepted drafts of a greedy chain
         accepted_total += float(run[used].sum())
         blocks += int(used.sum())
+        for row, column in used.nonzero().tolist():
+            if tree_blocks >= TREE_TAU_BLOCKS:
+                break
+            path = wanted[row, column][counted[row, column]].tolist()  # the base's greedy tokens, as far as known
+            root = int(input_ids[row, anchors[row, column]])
+            for budget in TREE_BUDGETS:
+                tree_accepted[budget] += _tree_walk(head, hidden[row, column], root, budget, path)
+            tree_blocks += 1
     if not counts.any():
         raise ValueError("no evaluation batches")
     summary = agreement_summary(agree, top5, correct, by_rank, counts)
-    summary["chain_tau"] = 1.0 + accepted_total / max(blocks, 1) if not math.isnan(accepted_total) else 1.0
+    summary["chain_tau"] = 1.0 + accepted_total / max(blocks, 1)
+    summary["tree_tau"] = {budget: 1.0 + value / max(tree_blocks, 1) for budget, value in tree_accepted.items()}
     return summary
+
+
+def _tree_walk(head: DFlashHead, hidden: torch.Tensor, root: int, budget: int, path: list[int]) -> int:
+    """How many of ``path``'s tokens a DDTree of ``budget`` nodes from this block's ``[D, h]`` slots accepts."""
+    from specheads.methods.dflash.drafter import ddtree
+
+    lm_head = head.lm_head()
+    logits = lm_head(hidden.to(lm_head.weight.dtype)).float()  # [D, V] before any Markov bias
+    k = min(budget, logits.shape[-1])
+    marginal = None if head.markov_head is not None else logits.log_softmax(dim=-1).topk(k, dim=-1)
+
+    def children(depth: int, token: int) -> tuple[list[float], list[int]]:
+        if marginal is not None:
+            return marginal.values[depth].tolist(), marginal.indices[depth].tolist()
+        bias = head.markov_bias(torch.tensor([token], device=logits.device))[0].float()
+        top = (logits[depth] + bias).log_softmax(dim=-1).topk(k)
+        return top.values.tolist(), top.indices.tolist()
+
+    parents, tokens = ddtree(root, head.config.num_drafts, budget, children) if path else ([], [])
+    child = {(parent, token): node for node, (parent, token) in enumerate(zip(parents, tokens, strict=True), 1)}
+    node, accepted = 0, 0
+    for token in path:
+        if (node, token) not in child:
+            break
+        node, accepted = child[(node, token)], accepted + 1
+    return accepted
