@@ -235,3 +235,21 @@ def test_bad_requests_are_clear_errors_before_compute() -> None:
     eagle = SpecDecoder(base, EagleDrafter(EagleHead.from_base(base)))
     with pytest.raises(ValueError, match=r"block drafter \(methods \['dflash'\]\)"):
         eagle.generate(prompt, max_new_tokens=4, tree="ddtree")
+
+
+def test_the_mask_token_is_the_tokenizers_then_a_spare_row_then_pad_then_eos() -> None:
+    from types import SimpleNamespace
+
+    from specheads.methods.dflash.heads import resolve_mask_token
+
+    base = tiny_model("llama", seed=1, layers=4)  # 96 embedding rows, pad 0 in its config
+
+    class Tokenizer(SimpleNamespace):
+        def __len__(self) -> int:
+            return self.size
+
+    assert resolve_mask_token(base, Tokenizer(size=96, mask_token_id=7, pad_token_id=3)) == 7
+    assert resolve_mask_token(base, Tokenizer(size=90, mask_token_id=None, pad_token_id=3)) == 90
+    assert resolve_mask_token(base, Tokenizer(size=96, mask_token_id=None, pad_token_id=3)) == 3
+    assert resolve_mask_token(base, Tokenizer(size=96, mask_token_id=None, pad_token_id=None, eos_token_id=5)) == 0
+    assert resolve_mask_token(base) == base.config.pad_token_id == 0

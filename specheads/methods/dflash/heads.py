@@ -166,7 +166,7 @@ def default_layer_ids(num_hidden_layers: int, num_layers: int) -> list[int]:
 
 def resolve_mask_token(base: PreTrainedModel, tokenizer: Any = None) -> int:
     """The mask token: the tokenizer's mask token, else a spare embedding row (ids past the tokenizer's), else pad,
-    else eos (speculators' order)."""
+    else eos (speculators' order), the last two from the tokenizer or else the base's config."""
     vocab = vocab_size(base)
     if tokenizer is not None:
         mask = getattr(tokenizer, "mask_token_id", None)
@@ -175,12 +175,11 @@ def resolve_mask_token(base: PreTrainedModel, tokenizer: Any = None) -> int:
         if len(tokenizer) < vocab:
             return len(tokenizer)
     for name in ("pad_token_id", "eos_token_id"):
-        value = getattr(base.config, name, None) if tokenizer is None else getattr(tokenizer, name, None)
-        value = value if value is not None else getattr(base.config, name, None)
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if isinstance(value, int) and 0 <= value < vocab:
-            return value
+        for source in (tokenizer, base.config):
+            value = getattr(source, name, None) if source is not None else None
+            value = value[0] if isinstance(value, list) and value else value
+            if isinstance(value, int) and 0 <= value < vocab:
+                return value
     return 0
 
 
