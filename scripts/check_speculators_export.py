@@ -2,7 +2,7 @@
 one-step draft logits and tokens with specheads' at every position of a set of prompts.
 
     python scripts/check_speculators_export.py [--prompts 20]      # the default model's shipped heads, bench prompts
-    python scripts/check_speculators_export.py --base smollm2-135m --heads runs/smollm2-135m-eagle3/heads \
+    python scripts/check_speculators_export.py --base smollm2-135m --heads runs/smollm2-135m-eagle3-long/heads \
         --prompts-file mt-bench --prompts 160                      # every MT-Bench turn, chat-templated
 
 Needs speculators installed (README test command). Prints one summary line per measure; BENCHMARKS.md quotes it.

@@ -1,8 +1,8 @@
 """Ship trained EAGLE-3 heads for a named real base (``heads="default"`` with ``base="smollm2-135m"``).
 
     specheads train --config configs/smollm2-135m/eagle3.yaml
-    specheads calibrate --config configs/smollm2-135m/eagle3.yaml --heads runs/smollm2-135m-eagle3/heads
-    python scripts/ship_named_heads.py smollm2-135m runs/smollm2-135m-eagle3 --training training.json
+    specheads calibrate --config configs/smollm2-135m/eagle3.yaml --heads runs/smollm2-135m-eagle3-long/heads
+    python scripts/ship_named_heads.py smollm2-135m runs/smollm2-135m-eagle3-long --training training.json
 
 Copies the head checkpoint of ``RUN/heads`` (config.json, the weights as bfloat16 safetensors, the calibrated
 tree.json, eval.json and recipe.json) into ``specheads/assets/<name>/eagle3/`` and writes
@@ -28,6 +28,31 @@ MAX_HEADS_BYTES = 20 * 10**6
 
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _commands(name: str, run: Path, recipe: dict) -> list[str]:
+    """The commands that reproduce the shipped heads, from the recipe they were trained with: the distilled chats
+    (a prefix of the distillation's output when the recipe names ``distilled-N.jsonl``), the training run (with
+    its output folder when it is not the recipe file's), calibration and this script."""
+    distilled = f"data/{name}/distilled.jsonl"
+    commands = [
+        f"python scripts/sharegpt_prompts.py --out data/{name}/sharegpt_prompts.jsonl",
+        f"specheads distill --base {name} --prompts data/{name}/sharegpt_prompts.jsonl --out {distilled} "
+        "--max-new-tokens 192 --batch-size 32",
+    ]
+    for path in recipe.get("data", {}).get("paths") or []:
+        stem = Path(path).stem
+        if stem.startswith("distilled-") and stem.removeprefix("distilled-").isdigit():
+            commands.append(f"head -n {stem.removeprefix('distilled-')} {distilled} > {path}")
+    train = f"specheads train --config configs/{name}/eagle3.yaml"
+    if recipe.get("output", {}).get("dir") not in (None, str(run)):
+        train += f" output.dir={run}"
+    return [
+        *commands,
+        train,
+        f"specheads calibrate --config configs/{name}/eagle3.yaml --heads {run}/heads",
+        f"python scripts/ship_named_heads.py {name} {run}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,14 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                     for key in ("choices", "dynamic", "expected_tau", "plain_tokens_per_s", "best_speedup_over_plain")
                 }
                 | {"machine": tree.get("machine")},
-                "commands": [
-                    f"python scripts/sharegpt_prompts.py --out data/{args.name}/sharegpt_prompts.jsonl",
-                    f"specheads distill --base {args.name} --prompts data/{args.name}/sharegpt_prompts.jsonl "
-                    f"--out data/{args.name}/distilled.jsonl --max-new-tokens 192 --batch-size 32",
-                    f"specheads train --config configs/{args.name}/eagle3.yaml",
-                    f"specheads calibrate --config configs/{args.name}/eagle3.yaml --heads {args.run}/heads",
-                    f"python scripts/ship_named_heads.py {args.name} {args.run}",
-                ],
+                "commands": _commands(args.name, args.run, recipe),
             }
         },
     }
