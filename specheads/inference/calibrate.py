@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -363,16 +361,12 @@ def calibrate(
 
 
 def write_calibration(directory: str | Path, record: dict) -> Path:
-    """Write ``record`` as ``directory/tree.json`` atomically (a temporary file renamed into place)."""
+    """Write ``record`` as ``directory/tree.json`` atomically, with a plain new file's permissions."""
+    from specheads.heads.checkpoint import atomic_write
+
     path = Path(directory) / "tree.json"
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tree.", suffix=".json.tmp")
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(json.dumps(record, indent=2) + "\n")
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    text = json.dumps(record, indent=2) + "\n"
+    atomic_write(path, lambda temporary: temporary.write_text(text))
     return path
 
 

@@ -203,3 +203,17 @@ def test_calibrate_a_block_drafter_times_ddtree_budgets_and_pays_its_draft_once_
     for tree in ("auto", "ddtree", "chain-2"):
         out = decoder.generate(prompt, max_new_tokens=12, tree=tree)
         assert torch.equal(out.sequences, greedy_reference(base, prompt, 12))
+
+
+def test_tree_json_is_written_with_a_plain_files_permissions(tmp_path) -> None:
+    import os
+    import stat
+
+    from specheads.inference.calibrate import write_calibration
+
+    mask = os.umask(0o022)
+    try:
+        path = write_calibration(tmp_path, {"choices": [[0]]})
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644 and json.loads(path.read_text()) == {"choices": [[0]]}
