@@ -63,7 +63,7 @@ class _CheckedDrafter(DFlashDrafter):
 
     checked = 0
 
-    def _block(self, state: DecodeState):  # noqa: ANN202
+    def _block(self, state: DecodeState, depths: int | None = None):  # noqa: ANN202
         self._feed_context(state.draft)
         block = super()._block(state)
         base = self.head._base_model()
@@ -135,7 +135,7 @@ def _block_of(drafter: DFlashDrafter, base, prompt: torch.Tensor):  # noqa: ANN0
     captured = {}
     original = drafter._block
 
-    def capture(state):  # noqa: ANN001, ANN202
+    def capture(state, depths=None):  # noqa: ANN001, ANN202
         captured.setdefault("block", original(state))
         return captured["block"]
 

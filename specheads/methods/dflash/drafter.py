@@ -172,8 +172,9 @@ class DFlashDrafter(Drafter):
         kv_cache.advance(draft.cache, counts)
         draft.consumed = [c + n for c, n in zip(draft.consumed, counts, strict=True)]
 
-    def _block(self, state: DecodeState) -> _Block:
-        """One block forward for every row: ``[root, mask, ...]`` after each row's context."""
+    def _block(self, state: DecodeState, depths: int | None = None) -> _Block:
+        """One block forward for every row: ``[root, mask, ...]`` after each row's context; logits of the first
+        ``depths`` draft depths (default all: the lm_head over the whole vocabulary is a large part of a block)."""
         draft: _BlockState = state.draft
         self._feed_context(draft)
         device, size = state.tokens.device, self.head.config.block_size
@@ -186,7 +187,7 @@ class DFlashDrafter(Drafter):
         mask = None if uniform else kv_cache.tree_step_mask(consumed, max(draft.consumed), block)
         hidden = self.head.blocks(self.head.block_inputs(roots), positions, mask, cache=draft.cache)
         first = self.head.config.first_slot
-        hidden = hidden[:, first : first + self.depth]
+        hidden = hidden[:, first : first + (self.depth if depths is None else depths)]
         lm_head = self.head.lm_head()
         logits = lm_head(hidden.to(lm_head.weight.dtype)).float()  # [A, D, V] before any Markov bias
         return _Block(logits, roots)
@@ -202,14 +203,15 @@ class DFlashDrafter(Drafter):
         if request.max_depth < 1:
             return None
         tree = self._tree(request)
-        block = self._block(state)
         limits = list(request.max_depths or (request.max_depth,) * len(state.rows))
         if isinstance(tree, BlockTree):
+            block = self._block(state, min(max(limits), self.depth))
             return [self._ddtree(block, i, tree.total_tokens, min(limits[i], self.depth))
                     for i in range(len(state.rows))]  # fmt: skip
         buffers = tree.truncated(min(request.max_depth, self.depth))
         if buffers.num_nodes == 0:
             return None
+        block = self._block(state, buffers.max_depth)
         if buffers.is_chain and not request.sampling.greedy:
             return self._sampled_chains(state, block, request, buffers.num_nodes, limits)
         return Proposal(tokens=self._static(block, buffers), tree=buffers, draft_probs=None)
