@@ -194,6 +194,40 @@ def train_eagle_head(base: PreTrainedModel, sequences: torch.Tensor, steps: int 
     return head.eval()
 
 
+def train_block_head(base: PreTrainedModel, sequences: torch.Tensor, steps: int = 60, **head_kwargs):
+    """A few seconds of block-drafter training (the trainer's own loss, every position an anchor) on the base's
+    samples, so that its drafts are plausible and get both accepted and rejected."""
+    from specheads.methods.dflash.config import DFlashHeadsConfig
+    from specheads.methods.dflash.heads import DFlashHead
+    from specheads.methods.dflash.train import block_losses, depth_hidden, depth_targets, previous_tokens
+
+    torch.manual_seed(0)
+    head = DFlashHead.from_base(base, **head_kwargs)
+    config = head.config
+    section = DFlashHeadsConfig(variant=config.variant, block_size=config.block_size, markov_rank=config.markov_rank)
+    with torch.no_grad():
+        out = base(sequences, output_hidden_states=True)
+    features = [out.hidden_states[index] for index in head.hidden_state_layers]
+    ones = torch.ones_like(sequences)
+    anchors = torch.arange(sequences.shape[1] - config.block_size)[None].expand(sequences.shape[0], -1)
+    used = torch.ones_like(anchors, dtype=torch.bool)
+    tokens, teacher_positions, valid = depth_targets(head, sequences, ones, ones, anchors, used)
+    teacher = out.logits[torch.arange(sequences.shape[0])[:, None, None], teacher_positions]
+    previous = previous_tokens(head, sequences, anchors) if head.markov_head is not None else None
+    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    for _ in range(steps):
+        hidden = depth_hidden(head, head(sequences, features, anchors))
+        logits = head.slot_logits(hidden, previous)
+        confidence = head.confidence_logits(hidden, previous) if head.confidence_head is not None else None
+        flat = None if confidence is None else confidence.flatten(0, 1)
+        loss, _ = block_losses(section, head, logits.flatten(0, 1), teacher.flatten(0, 1), tokens.flatten(0, 1),
+                               valid.flatten(0, 1), flat)  # fmt: skip
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return head.eval()
+
+
 def train_medusa_heads(base: PreTrainedModel, sequences: torch.Tensor, steps: int = 80, **head_kwargs):
     """Medusa heads fitted for a few seconds to the base's own greedy continuation (head k: token t + 2 + k)."""
     from specheads.heads import MedusaHeads

@@ -12,12 +12,13 @@ import os
 
 import pytest
 import torch
-from helpers import base_samples, greedy_reference, tiny_model, train_eagle_head, train_medusa_heads
+from helpers import base_samples, greedy_reference, tiny_model, train_block_head, train_eagle_head, train_medusa_heads
 
 from specheads import SpecDecoder
 from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
 from specheads.inference.oracle import chi_square_p, pair_counts, two_token_distribution
 from specheads.inference.sampling import SamplingParams
+from specheads.methods.dflash.drafter import DFlashDrafter
 from specheads.methods.eagle.drafter import EagleDrafter
 from specheads.methods.medusa.drafter import MedusaDrafter
 
@@ -43,6 +44,8 @@ def cpu_models() -> dict:
         "medusa": train_medusa_heads(base, samples, num_heads=3),
         "eagle3": train_eagle_head(base, samples, version=3),
         "eagle1": train_eagle_head(base, samples, version=1),
+        "dflash": train_block_head(base, samples, variant="dflash", layer_ids=[1, 3], block_size=4),
+        "dspark": train_block_head(base, samples, variant="dspark", layer_ids=[1, 3], block_size=4, markov_rank=8),
     }
 
 
@@ -62,6 +65,8 @@ def _decoder(models: dict, method: str, dtype: torch.dtype) -> tuple[SpecDecoder
         "eagle3-chain-3": (lambda: EagleDrafter(_on(models["eagle3"], dtype)), {"tree": "chain-3"}),
         "eagle3-dynamic": (lambda: EagleDrafter(_on(models["eagle3"], dtype)), {"tree": "dynamic"}),
         "eagle1-binary-7": (lambda: EagleDrafter(_on(models["eagle1"], dtype)), {"tree": "binary-7"}),
+        "dflash-ddtree-8": (lambda: DFlashDrafter(_on(models["dflash"], dtype)), {"tree": "ddtree-8"}),
+        "dspark-chain-4": (lambda: DFlashDrafter(_on(models["dspark"], dtype)), {"tree": "chain-4"}),
     }[method]
     return SpecDecoder(base, drafter()), kwargs
 
@@ -83,8 +88,11 @@ def _assert_greedy(decoder: SpecDecoder, prompt: torch.Tensor, tokens: list[int]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
     "method",
-    ["none", "draft", "prompt-lookup", "medusa-binary-7", "eagle3-chain-3", "eagle3-dynamic", "eagle1-binary-7"],
-)
+    [
+        "none", "draft", "prompt-lookup", "medusa-binary-7", "eagle3-chain-3", "eagle3-dynamic", "eagle1-binary-7",
+        "dflash-ddtree-8", "dspark-chain-4",
+    ],
+)  # fmt: skip
 def test_greedy_equals_transformers_on_the_device(cpu_models, method: str, dtype: torch.dtype) -> None:
     decoder, kwargs = _decoder(cpu_models, method, dtype)
     prompts = base_samples(cpu_models["base"], rows=3, new_tokens=8, seed=7).to(DEVICE)

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import tiny_model, train_block_head
 
 from specheads import SpecDecoder
 from specheads.inference.oracle import chi_square_p, pair_counts, two_token_distribution
 from specheads.inference.sampling import SamplingParams, probabilities
-from specheads.methods.dflash.config import DFlashHeadsConfig
 from specheads.methods.dflash.drafter import DFlashDrafter
-from specheads.methods.dflash.heads import DFlashHead
-from specheads.methods.dflash.train import block_losses, depth_hidden, depth_targets, previous_tokens
 
 pytestmark = pytest.mark.slow  # Monte Carlo: thousands of seeded decodes per test
 
@@ -32,41 +29,15 @@ def base():
     return tiny_model("llama", seed=3, vocab_size=VOCAB, hidden=16, layers=2, logit_scale=30)
 
 
-def _trained_head(base, variant: str) -> DFlashHead:  # noqa: ANN001
-    """A block drafter trained briefly on the base's samples (the trainer's own loss), so that its drafts are
-    plausible and get both accepted and rejected."""
+@pytest.fixture(scope="module")
+def heads(base):
     prompts = torch.randint(2, VOCAB, (16, 3), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     with torch.no_grad():
         sequences = base.generate(prompts, do_sample=True, max_new_tokens=30, pad_token_id=0,
                                   attention_mask=torch.ones_like(prompts))  # fmt: skip
-        out = base(sequences, output_hidden_states=True)
-    section = DFlashHeadsConfig(variant=variant, block_size=3, num_layers=1, layer_ids=[1], markov_rank=4)
-    head = DFlashHead.from_base(base, variant=variant, layer_ids=[1], num_layers=1, block_size=3, markov_rank=4)
-    features = [out.hidden_states[i] for i in head.hidden_state_layers]
-    ones = torch.ones_like(sequences)
-    anchors = torch.arange(sequences.shape[1] - 3)[None].expand(sequences.shape[0], -1)
-    used = torch.ones_like(anchors, dtype=torch.bool)
-    tokens, teacher_positions, valid = depth_targets(head, sequences, ones, ones, anchors, used)
-    teacher = out.logits[torch.arange(sequences.shape[0])[:, None, None], teacher_positions]
-    previous = previous_tokens(head, sequences, anchors) if variant == "dspark" else None
-    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
-    for _ in range(60):
-        hidden = depth_hidden(head, head(sequences, features, anchors))
-        logits = head.slot_logits(hidden, previous)
-        confidence = head.confidence_logits(hidden, previous) if head.confidence_head is not None else None
-        flat = None if confidence is None else confidence.flatten(0, 1)
-        loss, _ = block_losses(section, head, logits.flatten(0, 1), teacher.flatten(0, 1), tokens.flatten(0, 1),
-                               valid.flatten(0, 1), flat)  # fmt: skip
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return head.eval()
-
-
-@pytest.fixture(scope="module")
-def heads(base):
-    return {variant: _trained_head(base, variant) for variant in ("dflash", "dspark")}
+    common = {"layer_ids": [1], "num_layers": 1, "block_size": 3, "markov_rank": 4}
+    return {variant: train_block_head(base, sequences, variant=variant, **common) for variant in ("dflash", "dspark")}
 
 
 class _Counting(DFlashDrafter):
