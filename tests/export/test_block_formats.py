@@ -64,7 +64,8 @@ def test_the_native_dspark_layout_is_deepspecs(base, tmp_path) -> None:
     assert {"markov_head.markov_w1.weight", "confidence_head.proj.bias"} <= set(tensors) == set(head.state_dict())
     assert '"num_speculative_tokens": 4' in result.commands["vllm"]
     assert "--speculative-num-draft-tokens 5" in result.commands["sglang"]
-    assert result.report.ok and set(result.report.engines) == {"vllm", "sglang"}
+    assert "draft-dspark" in result.commands["llama.cpp"]
+    assert result.report.ok and set(result.report.engines) == {"vllm", "sglang", "llama.cpp"}
 
 
 @pytest.mark.parametrize("variant", ["dflash", "dspark"])

@@ -1,5 +1,5 @@
 """Block drafters in the engines' layouts: ``dflash`` (z-lab's native DFlash: vLLM, SGLang, TensorRT-LLM, llama.cpp,
-the ``dflash`` package), ``dspark`` (DeepSpec's native DSpark: vLLM, SGLang) and ``speculators`` (vLLM's
+the ``dflash`` package), ``dspark`` (DeepSpec's native DSpark: vLLM, SGLang, llama.cpp) and ``speculators`` (vLLM's
 speculators format, ``speculators_model_type: dflash | dspark``). Each is written, read back, checked against its
 engines' loading rules and recognised here.
 
@@ -110,6 +110,8 @@ def _native_commands(head: DFlashHead, name: str) -> dict[str, str]:
         "vllm": f"VLLM_USE_V2_MODEL_RUNNER=1 vllm serve {base} --speculative-config '{spec}'",
         "sglang": f"python -m sglang.launch_server --model-path {base} --speculative-algorithm DSPARK "
         f"--speculative-draft-model-path {{out}} --speculative-num-draft-tokens {block + 1}",
+        "llama.cpp": "convert {out} with llama.cpp's convert_hf_to_gguf.py, then llama-server -m <base.gguf> "
+        f"-md draft.gguf --spec-type draft-dspark --spec-draft-n-max {block}",
     }
 
 
@@ -145,7 +147,7 @@ def _write_dflash(head, base, name, engines, steps):  # noqa: ANN001, ANN202
 
 def _write_dspark(head, base, name, engines, steps):  # noqa: ANN001, ANN202
     head = _check_variant(head, "dspark", ("dspark",))
-    _engines(engines, {"vllm": "", "sglang": ""}, "dspark")
+    _engines(engines, {"vllm": "", "sglang": "", "llama.cpp": ""}, "dspark")
     config = {
         "architectures": [DSPARK_ARCHITECTURES[0]],
         **qwen3_config(head.config),
@@ -399,6 +401,7 @@ def _check_dspark(config: dict[str, Any], tensors: dict[str, torch.Tensor], repo
     report.verdicts += [
         EngineVerdict("vllm", True, vllm, note="V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1)"),
         EngineVerdict("sglang", True, sglang, note="verifies the block as a chain"),
+        EngineVerdict("llama.cpp", True, [], note="--spec-type draft-dspark after convert_hf_to_gguf.py"),
     ]
 
 
