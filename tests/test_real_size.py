@@ -49,7 +49,17 @@ KINDS = {
         },
         ["eagle3", "speculators"],
     ),
-}
+    "dflash": (
+        {"heads.type": "dflash", "heads.num_layers": 1, "heads.block_size": 4, "heads.num_anchors": 4,
+         "heads.layer_ids": "[1,2,3]"},
+        ["dflash", "speculators"],
+    ),
+    "dspark": (
+        {"heads.type": "dflash", "heads.variant": "dspark", "heads.num_layers": 1, "heads.block_size": 4,
+         "heads.num_anchors": 4, "heads.markov_rank": 8, "heads.layer_ids": "[1,2,3]"},
+        ["dspark", "speculators"],
+    ),
+}  # fmt: skip
 
 pytestmark = pytest.mark.slow
 
