@@ -321,4 +321,20 @@ class DraftHeads(torch.nn.Module):
         self.bind_base(base_model)
 
     def bind_base(self, base_model: PreTrainedModel) -> None:
-        """Read what the heads use of the base, without checking the fingerprint (e.g. a merged Medusa-2 model)."""
+        """Read what the heads use of the base, without checking the fingerprint (e.g. a merged Medusa-2 model).
+
+        By default the heads keep the base itself, read at every step through :meth:`base_model_of`; a list keeps
+        the frozen base out of this module's parameters and state.
+        """
+        self._base = [base_model]
+
+    def base_model_of(self) -> PreTrainedModel:
+        """The base bound with :meth:`attach_base` / :meth:`bind_base`.
+
+        Raises:
+            RuntimeError: no base is bound yet.
+        """
+        base = getattr(self, "_base", [None])[0]
+        if base is None:
+            raise RuntimeError(f"{self.bound_as} needs attach_base(base_model) before use")
+        return base

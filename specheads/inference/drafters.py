@@ -72,6 +72,24 @@ def chain_proposal(drafts: torch.Tensor, draft_probs: torch.Tensor | None = None
     return Proposal(tokens=drafts, tree=tree_from_choices(chain_choices(drafts.shape[1])), draft_probs=draft_probs)
 
 
+def requested_tree(request: DraftRequest, default: Any) -> Any:
+    """The tree a tree drafter serves for ``request``: its tree, else ``chain-K`` for ``num_speculative_tokens=K``,
+    else the drafter's ``default``."""
+    if request.tree is not None:
+        return request.tree
+    if request.num_speculative_tokens is not None:
+        return resolve_tree(f"chain-{request.num_speculative_tokens}")
+    return default
+
+
+def check_speculative_tokens(request: DraftRequest) -> None:
+    """``num_speculative_tokens``, when it decides the tree, must be an integer >= 1."""
+    if request.tree is None and request.num_speculative_tokens is not None:
+        tokens = request.num_speculative_tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {tokens!r}")
+
+
 def _chain_length(request: DraftRequest, default: int) -> int:
     if request.tree is not None:
         if not request.tree.is_chain:

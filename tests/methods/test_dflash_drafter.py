@@ -66,7 +66,7 @@ class _CheckedDrafter(DFlashDrafter):
     def _block(self, state: DecodeState, depths: int | None = None):  # noqa: ANN202
         self._feed_context(state.draft)
         block = super()._block(state)
-        base = self.head._base_model()
+        base = self.head.base_model_of()
         for i, row in enumerate(state.rows):
             committed = torch.tensor([state.host_tokens[row]])
             length = committed.shape[1]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specheads.inference import kv_cache
-from specheads.inference.drafters import Drafter, chain_proposal
+from specheads.inference.drafters import Drafter, chain_proposal, check_speculative_tokens, requested_tree
 from specheads.inference.feature_queue import FeatureQueue
 from specheads.inference.sampling import probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
@@ -107,17 +107,10 @@ class DFlashDrafter(Drafter):
         return resolve_tree(tree)
 
     def _tree(self, request: DraftRequest) -> TreeBuffers | BlockTree:
-        if request.tree is not None:
-            return request.tree
-        if request.num_speculative_tokens is not None:
-            return resolve_tree(f"chain-{request.num_speculative_tokens}")
-        return self.default_tree
+        return requested_tree(request, self.default_tree)
 
     def check_request(self, request: DraftRequest) -> None:
-        if request.tree is None and request.num_speculative_tokens is not None:
-            tokens = request.num_speculative_tokens
-            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-                raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {tokens!r}")
+        check_speculative_tokens(request)
         tree = self._tree(request)
         if isinstance(tree, DynamicTree):
             raise ValueError("a block drafter does not grow EAGLE-2 dynamic trees; use tree='ddtree'")
@@ -182,9 +175,10 @@ class DFlashDrafter(Drafter):
         meta = kv_cache.to_device([roots_host, draft.consumed], device)
         roots, consumed = meta[0], meta[1]
         positions = consumed[:, None] + torch.arange(size, device=device)[None]  # the root sits at L - 1
-        block = torch.ones(1, size, size, dtype=torch.bool, device=device)
-        uniform = len(set(draft.consumed)) == 1
-        mask = None if uniform else kv_cache.tree_step_mask(consumed, max(draft.consumed), block)
+        mask = None  # rows with contexts of one length see every key: no mask
+        if len(set(draft.consumed)) > 1:
+            block = torch.ones(1, size, size, dtype=torch.bool, device=device)  # bidirectional inside the block
+            mask = kv_cache.tree_step_mask(consumed, max(draft.consumed), block)
         hidden = self.head.blocks(self.head.block_inputs(roots), positions, mask, cache=draft.cache)
         first = self.head.config.first_slot
         hidden = hidden[:, first : first + (self.depth if depths is None else depths)]

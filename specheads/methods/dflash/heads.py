@@ -320,7 +320,7 @@ class DFlashHead(DraftHeads):
         else:
             self.markov_head = None
             self.confidence_head = None
-        self._base = [None]  # a list keeps the frozen base out of this module's parameters and state
+        self._base = [None]  # bound by bind_base
         if base_model is not None:
             self.bind_base(base_model)
 
@@ -385,16 +385,6 @@ class DFlashHead(DraftHeads):
             nn.init.normal_(module.weight, std=0.02)
 
     # ------------------------------------------------------------------ the base
-    def bind_base(self, base_model: PreTrainedModel) -> None:
-        """Read the base's embedding and lm_head at every step."""
-        self._base = [base_model]
-
-    def _base_model(self) -> PreTrainedModel:
-        base = self._base[0]
-        if base is None:
-            raise RuntimeError("a block drafter needs attach_base(base_model) before use")
-        return base
-
     @property
     def hidden_state_layers(self) -> tuple[int, ...]:
         """The ``hidden_states`` indices the drafter reads from the base."""
@@ -440,7 +430,7 @@ class DFlashHead(DraftHeads):
             context: per layer, the context's keys and values (training: the whole sequence's); or
             cache: the rows' context in a SlotCache (decoding).
         """
-        embedding = self._base_model().get_input_embeddings()
+        embedding = self.base_model_of().get_input_embeddings()
         hidden = embedding(block_ids).to(self.fc.weight.dtype)
         cos, sin = self.rotary(hidden, positions)
         for index, layer in enumerate(self.layers):
@@ -449,7 +439,7 @@ class DFlashHead(DraftHeads):
 
     def lm_head(self) -> nn.Module:
         """The base's (frozen) lm_head, which reads every slot."""
-        return self._base_model().get_output_embeddings()
+        return self.base_model_of().get_output_embeddings()
 
     def slot_logits(self, hidden: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
         """``[..., V]`` logits of slots' hidden states; DSpark adds the Markov bias of each slot's ``previous``

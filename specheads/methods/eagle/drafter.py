@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specheads.inference import kv_cache
-from specheads.inference.drafters import Drafter
+from specheads.inference.drafters import Drafter, check_speculative_tokens, requested_tree
 from specheads.inference.feature_queue import FeatureQueue
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
 from specheads.inference.trees import DynamicTree, TreeBuffers, resolve_tree, tree_from_parents
@@ -100,17 +100,10 @@ class EagleDrafter(Drafter):
         return resolve_tree(tree)
 
     def _tree(self, request: DraftRequest) -> TreeBuffers | DynamicTree:
-        if request.tree is not None:
-            return request.tree
-        if request.num_speculative_tokens is not None:
-            return resolve_tree(f"chain-{request.num_speculative_tokens}")
-        return self.default_tree
+        return requested_tree(request, self.default_tree)
 
     def check_request(self, request: DraftRequest) -> None:
-        if request.tree is None and request.num_speculative_tokens is not None:
-            tokens = request.num_speculative_tokens
-            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-                raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {tokens!r}")
+        check_speculative_tokens(request)
         tree = self._tree(request)
         if isinstance(tree, TreeBuffers) and tree.num_nodes:
             widest = max(tree.ranks[1:]) + 1

@@ -237,7 +237,7 @@ class EagleHead(DraftHeads):
         else:
             self.d2t = None
             self.t2d = None
-        self._base = [None]  # a list keeps the frozen base out of this module's parameters and state
+        self._base = [None]  # bound by bind_base
         if base_model is not None:
             self.bind_base(base_model)
 
@@ -328,16 +328,6 @@ class EagleHead(DraftHeads):
         return ids if self.d2t is None else ids + self.d2t
 
     # ------------------------------------------------------------------ the base
-    def bind_base(self, base_model: PreTrainedModel) -> None:
-        """Read the base's embedding (and, for EAGLE-1, its lm_head) at every step."""
-        self._base = [base_model]
-
-    def _base_model(self) -> PreTrainedModel:
-        base = self._base[0]
-        if base is None:
-            raise RuntimeError("an EAGLE head needs attach_base(base_model) before use")
-        return base
-
     @property
     def hidden_state_layers(self) -> tuple[int, ...]:
         """The ``hidden_states`` indices the head reads from the base."""
@@ -372,7 +362,7 @@ class EagleHead(DraftHeads):
         Returns:
             ``[B, T, H]`` the draft's output, standing for the feature of position t + 1.
         """
-        embeds = self._base_model().get_input_embeddings()(input_ids).to(features.dtype)
+        embeds = self.base_model_of().get_input_embeddings()(input_ids).to(features.dtype)
         position_embeddings = self.rotary_emb(features, position_ids)
         if self.config.version == 1:
             hidden = self.fc(torch.cat([embeds, features], dim=-1))
@@ -387,7 +377,7 @@ class EagleHead(DraftHeads):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., Vd]`` draft-vocabulary logits of draft outputs (version 1: the base's lm_head, Vd = V)."""
         if self.config.version == 1:
-            lm_head = self._base_model().get_output_embeddings()
+            lm_head = self.base_model_of().get_output_embeddings()
             return lm_head(hidden.to(lm_head.weight.dtype))
         return self.lm_head(self.norm(hidden))
 
@@ -397,7 +387,7 @@ class EagleHead(DraftHeads):
         Version 1: the base's lm_head reads ``hidden``; version 3: the head's own lm_head reads ``norm(hidden)``.
         """
         if self.config.version == 1:
-            lm_head = self._base_model().get_output_embeddings()
+            lm_head = self.base_model_of().get_output_embeddings()
             return hidden.to(lm_head.weight.dtype), lm_head.weight, lm_head.bias
         return self.norm(hidden), self.lm_head.weight, None
 
