@@ -99,3 +99,23 @@ def two_processes(overrides: list[str], log: Path, config_file: Path | None = No
         launcher += ["--multi_gpu"]
     launcher += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     return run_logged([*launcher, "-m", "specheads.train", *overrides], log)
+
+
+def kill_after_checkpoint_and_resume(command: list[str], out: Path, logs: Path, step: int = 8):  # noqa: ANN201
+    """Run ``command`` (a training run writing to ``out``), SIGKILL it right after its step-``step`` checkpoint,
+    mid-run, then run it again to the end; returns the resumed run (logs in ``logs``)."""
+    import time
+
+    with (logs / "killed.log").open("w") as output:
+        process = subprocess.Popen(command, env=subprocess_env(), stdout=output, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 120
+            while not (out / "checkpoints" / f"step-{step:08d}").is_dir():
+                assert process.poll() is None, (logs / "killed.log").read_text()[-3000:]
+                assert time.time() < deadline, f"no checkpoint at step {step} within 120 s"
+                time.sleep(0.02)
+        finally:
+            process.send_signal(signal.SIGKILL)  # no handler runs
+            process.wait()
+    assert not (out / "heads").exists(), "the run finished before it could be killed; make it longer"
+    return run_logged(command, logs / "resumed.log")

@@ -5,16 +5,13 @@ on one, and bad recipes are refused before any compute."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import tiny_model
-from training_helpers import heads_state, make_workspace, run_logged, subprocess_env, two_processes
+from training_helpers import heads_state, kill_after_checkpoint_and_resume, make_workspace, two_processes
 
 from specheads import SpecDecoder
 from specheads.heads import load_heads
@@ -194,19 +191,7 @@ def test_dspark_resume_after_sigkill_matches_an_uninterrupted_run(workspace, tmp
     reference = train(load_config(None, _overrides(workspace, tmp_path / "reference", "dspark", **steps)))
     out = tmp_path / "killed"
     command = [sys.executable, "-m", "specheads.train", *_overrides(workspace, out, "dspark", **steps)]
-    with (tmp_path / "killed.log").open("w") as output:
-        process = subprocess.Popen(command, env=subprocess_env(), stdout=output, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.time() + 120
-            while not (out / "checkpoints" / "step-00000008").is_dir():
-                assert process.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-                assert time.time() < deadline, "no checkpoint at step 8 within 120 s"
-                time.sleep(0.02)
-        finally:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-    assert not (out / "heads").exists(), "the run finished before it could be killed; make it longer"
-    resumed = run_logged(command, tmp_path / "resumed.log")
+    resumed = kill_after_checkpoint_and_resume(command, out, tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "resumed from" in resumed.stdout
     for name, value in heads_state(reference).items():
