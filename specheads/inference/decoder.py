@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.inference import construction, inputs, kv_cache
+from specheads.inference import attention, construction, inputs, kv_cache
 from specheads.inference.acceptance import (
     ACCEPTANCE_RULES,
     AcceptanceOptions,
@@ -42,6 +42,7 @@ from specheads.methods.registry import HEAD_TYPES
 from specheads.metrics import SpecStats
 
 PromptInput = inputs.PromptInput
+ATTENTION_MODES = ("auto", "invariant", "model")
 _ROOT_ONLY = tree_from_choices(())  # the "tree" of a row that drafted nothing: its root alone
 
 
@@ -134,6 +135,12 @@ class SpecDecoder:
         profile: on a GPU, synchronise after each step's drafting so that the statistics' draft / verify split is
             exact. Off by default: a synchronisation per step stops the host running ahead of the device, and
             without it the split counts the host's time (on a CPU both are the same).
+        attention: how the base computes while this decoder drives it. ``"invariant"``: batch-invariant (see
+            :mod:`specheads.inference.attention`): a position's logits have the same bits whatever the number of
+            tokens verified with it, the rows beside it and the cache's width, so that in bf16/fp16 every drafter's
+            greedy output equals this engine's own one-token decoding (``method="none"``) token for token.
+            ``"model"``: the model's own attention implementation. ``"auto"`` (default): invariant for a bf16/fp16
+            base on a CPU, the model's own otherwise (in float32 that output equals transformers' greedy).
     """
 
     def __init__(
@@ -142,9 +149,13 @@ class SpecDecoder:
         drafter: Drafter | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
         profile: bool = False,
+        attention: str = "auto",
     ) -> None:
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {list(ATTENTION_MODES)}, got {attention!r}")
         self.model = base_model.eval()
         self.profile = profile
+        self.attention = attention
         if drafter is not None and not isinstance(drafter, Drafter):
             raise TypeError(f"drafter must be a specheads.inference.Drafter, got {type(drafter).__name__}")
         self.drafter = drafter if drafter is not None else NoDrafter()
@@ -164,18 +175,21 @@ class SpecDecoder:
         dtype: str | torch.dtype = "auto",
         device: str | torch.device | None = None,
         num_speculative_tokens: int | None = None,
+        attention: str = "auto",
     ) -> SpecDecoder:
         """Load a base (and a drafter) by name or path, or wrap models already in memory.
 
         ``method`` is inferred when None: the head type of ``heads`` (``"medusa"`` or ``"eagle"``, read from the
         checkpoint's config), ``"draft"`` with a draft model, ``"none"`` otherwise. ``heads="default"`` with
         ``base="default"`` are the EAGLE-3 heads shipped for the embedded default model (see
-        :mod:`specheads.inference.construction`).
+        :mod:`specheads.inference.construction`). ``dtype="auto"`` is :func:`specheads.loading.resolve_dtype`'s
+        choice (bf16 on a CPU with native bf16 products for a bf16 or GGUF checkpoint, else the checkpoint's dtype);
+        heads and draft models follow the base's dtype. ``attention``: see the class.
         """
         base_model, drafter, loaded_tokenizer = construction.build(
             base, heads, draft_model, method, tokenizer, dtype, device, num_speculative_tokens
         )
-        return cls(base_model, drafter, loaded_tokenizer)
+        return cls(base_model, drafter, loaded_tokenizer, attention=attention)
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -296,9 +310,24 @@ class SpecDecoder:
         assert state is not None
         return GenerationOutput.of_row(state, 0, config.max_new_tokens, self.tokenizer)
 
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether the base runs batch-invariantly under this decoder (the ``attention`` argument, resolved)."""
+        if self.attention == "auto":
+            return attention.wants_invariance(self.model)
+        return self.attention == "invariant"
+
     # ------------------------------------------------------------------ the loop
-    @torch.inference_mode()
     def _run(
+        self, prompts: list[torch.Tensor], config: GenerationConfig, first_index: int = 0
+    ) -> Iterator[tuple[DecodeState, dict[int, list[int]]]]:
+        """The decode loop (see :meth:`_loop`), with the base switched to batch-invariant computation for its
+        duration when :attr:`batch_invariant` (restored when the loop ends or its generator is closed)."""
+        with attention.batch_invariant(self.model, self.batch_invariant):
+            yield from self._loop(prompts, config, first_index)
+
+    @torch.inference_mode()
+    def _loop(
         self, prompts: list[torch.Tensor], config: GenerationConfig, first_index: int = 0
     ) -> Iterator[tuple[DecodeState, dict[int, list[int]]]]:
         start = time.perf_counter()

@@ -1,0 +1,190 @@
+"""Batch-invariant attention: a position's output does not depend on how many tokens are verified with it.
+
+At temperature 0 the engine promises that speculative output equals plain decoding token for token. In float32 the
+base's own attention keeps that promise in practice (its rounding differences are far below a logit gap). In bfloat16
+and float16 they are not: torch's SDPA kernel on CPUs blocks its work by the number of query rows, so the logits of
+a position computed alone (one-token decoding) and as the first node of an 8-node tree differ by up to a few tenths,
+and greedy outputs part within a hundred tokens. The linear layers are not the cause: on CPUs oneDNN's bf16 products
+give each row the same bits whatever the number of rows computed with it.
+
+:func:`invariant_attention` is registered in transformers' attention interface under :data:`NAME` (no modeling
+file is forked) and computed so that every number a query row produces depends only on that row, its keys and its
+mask, not on the other rows or on the buffer's width:
+
+* scores and the weighted sum of values are computed in float32 (the bf16 inputs are exact in float32), with the
+  query rows of a key-value head group stacked and padded to at least :data:`MIN_ROWS` rows: float32 matrix products
+  on CPUs take another kernel for 1-3 rows than for 4 or more, and that kernel rounds differently;
+* masked keys get a weight of exactly 0 (``-inf`` before the softmax), so keys beyond a row's length, other tree
+  branches and another row's slots add exact zeros, whatever the width of the preallocated buffer;
+* the softmax runs in float32 over the last axis, a per-row reduction;
+* the result is rounded once to the model's dtype.
+
+:func:`use_invariant_attention` switches a model to it for a block of code and back. The engine does that for every
+bf16/fp16 base on a CPU (``SpecDecoder(attention="auto")``); calibration and the bench's engine rows time the same
+path. The scores are float32 where transformers' eager bf16 attention rounds them to bf16, so this is, if anything, the
+more precise of the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+NAME = "specheads_invariant"
+MIN_ROWS = 8  # float32 products of 1-3 rows take a kernel that rounds differently from 4+ rows (measured on CPUs)
+_UNSUPPORTED = ("s_aux", "sinks", "softcap", "sliding_window")  # kwargs whose semantics this function does not apply
+
+
+def invariant_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention with the signature of transformers' attention interface; see the module docstring.
+
+    Args:
+        module: the calling attention module (its ``training`` flag is read: dropout is refused in training).
+        query: ``[B, H, Q, D]``.
+        key, value: ``[B, H_kv, K, D]`` (grouped-query heads are not repeated in memory).
+        attention_mask: ``[B, 1, Q, K]`` boolean (True = attend) or additive float mask; None is causal with the Q
+            queries at the last Q key positions.
+        scaling: the score scale (default ``D ** -0.5``).
+
+    Returns:
+        ``([B, Q, H, D]`` in ``query``'s dtype, ``None)``: transformers' layout, no attention weights.
+    """
+    for name in _UNSUPPORTED:
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(
+                f"batch-invariant attention does not implement {name!r}; pass attention='model' to SpecDecoder"
+            )
+    if dropout and module.training:
+        raise NotImplementedError("batch-invariant attention is for inference; it has no dropout")
+    batch, heads, queries, dim = query.shape
+    kv_heads, width = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    rows = groups * queries
+    scale = dim**-0.5 if scaling is None else scaling
+    # [B, H_kv, groups * Q, D]: heads h = kv * groups + g are adjacent, so this is a view for Q = 1 and a copy else
+    q = query.reshape(batch, kv_heads, rows, dim).float()
+    padded = max(rows, MIN_ROWS)
+    if padded > rows:
+        q = F.pad(q, (0, 0, 0, padded - rows))
+    scores = torch.matmul(q, key.float().transpose(-1, -2)) * scale  # [B, H_kv, padded, K]
+    allowed = _allowed(attention_mask, batch, queries, width, query.device)  # [B, 1, Q, K] bool
+    allowed = allowed.expand(batch, 1, queries, width).repeat(1, 1, groups, 1)  # rows g * Q + i
+    if padded > rows:
+        allowed = F.pad(allowed, (0, 0, 0, padded - rows), value=True)  # padding rows: finite, never read
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.matmul(weights, value)[:, :, :rows]  # [B, H_kv, groups * Q, D]
+    out = out.reshape(batch, heads, queries, value.shape[-1]).transpose(1, 2)
+    return out.to(query.dtype).contiguous(), None
+
+
+def _allowed(mask: torch.Tensor | None, batch: int, queries: int, width: int, device: torch.device) -> torch.Tensor:
+    """The mask as ``[B or 1, 1, Q, K]`` booleans."""
+    if mask is None:  # causal, the queries being the last Q of the K positions
+        columns = torch.arange(width, device=device)
+        last = torch.arange(width - queries, width, device=device)
+        return (columns[None, :] <= last[:, None])[None, None]
+    if mask.dtype != torch.bool:  # an additive mask: 0 where allowed, a large negative number elsewhere
+        mask = mask > torch.finfo(mask.dtype).min / 2
+    return mask[..., -width:] if mask.shape[-1] > width else mask
+
+
+def register() -> str:
+    """Register :func:`invariant_attention` (and boolean masks for it) with transformers; returns :data:`NAME`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    if NAME not in AttentionInterface._global_mapping:
+        AttentionInterface.register(NAME, invariant_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    return NAME
+
+
+def wants_invariance(model: torch.nn.Module) -> bool:
+    """Whether ``attention="auto"`` uses the invariant attention for ``model``: a bf16/fp16 base on a CPU.
+
+    In float32 the model's own attention is kept (its output equals transformers' greedy, which is the reference
+    there). On a GPU the matrix-product libraries choose kernels by shape, so invariance would need kernels of its
+    own; the model's attention is kept and exactness is transformers' usual "equal up to near-ties".
+    """
+    parameter = next(model.parameters())
+    return parameter.dtype in (torch.bfloat16, torch.float16) and parameter.device.type == "cpu"
+
+
+def _configs(model: torch.nn.Module) -> list[Any]:
+    """Every config object the model's attention modules read ``_attn_implementation`` from."""
+    seen: dict[int, Any] = {}
+    for sub in model.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            seen.setdefault(id(config), config)
+    return list(seen.values())
+
+
+def _pad_single_row(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Forward pre-hook of a linear layer: a one-row input gets a second (zero) row."""
+    x = args[0]
+    if x.numel() != x.shape[-1]:
+        return None
+    module._specheads_single_row = x.shape  # noqa: SLF001 - read back by _take_single_row
+    return (torch.cat([x.reshape(1, -1), x.new_zeros(1, x.shape[-1])]), *args[1:])
+
+
+def _take_single_row(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor | None:
+    """Forward hook of a linear layer: the first row of a padded product, in the input's shape."""
+    shape = module.__dict__.pop("_specheads_single_row", None)
+    if shape is None:
+        return None
+    return output[:1].reshape(*shape[:-1], output.shape[-1])
+
+
+def _linear_types() -> tuple[type, ...]:
+    """``nn.Linear`` and transformers' ``Conv1D`` (GPT-2's projections: a linear layer with its weight transposed)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return (torch.nn.Linear, Conv1D)
+
+
+@contextmanager
+def batch_invariant(model: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
+    """Run ``model`` batch-invariantly inside the block, then restore it.
+
+    Two switches: the attention goes through :func:`invariant_attention`, and every ``nn.Linear`` computes a one-row
+    input as the first row of a two-row product. oneDNN's bf16 products give a row the same bits for any number of
+    rows from 2 up, but one row alone takes a vector-matrix kernel that, for inner sizes past about a thousand (an MLP's
+    down projection), accumulates in another order: measured on SmolLM2-135M, one bf16 step in a few hundred rounds
+    differently, and that is enough to part greedy outputs. The second row costs about what a one-row product costs.
+    """
+    if not enabled:
+        yield
+        return
+    register()
+    configs = _configs(model)
+    before = [config._attn_implementation for config in configs]
+    handles = []
+    try:
+        for config in configs:
+            config._attn_implementation = NAME
+        for module in model.modules():
+            if isinstance(module, _linear_types()):
+                handles.append(module.register_forward_pre_hook(_pad_single_row))
+                handles.append(module.register_forward_hook(_take_single_row))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for config, name in zip(configs, before, strict=True):
+            config._attn_implementation = name
