@@ -103,6 +103,8 @@ class BenchMethod:
     """One row of the report: a name and a function ``(group of input_ids [1, T], max_new_tokens) -> GroupRun``.
 
     ``runs`` holds the measurements by batch size; ``batched`` is False for methods that decode one prompt at a time.
+    ``exact_reference``: this row's outputs are what every lossless row must equal (the engine's own one-token
+    decoding on a batch-invariant bf16/fp16 base, see :func:`exactness_reference`).
     """
 
     name: str
@@ -110,6 +112,7 @@ class BenchMethod:
     has_stats: bool = False
     batched: bool = True
     runs: dict[int, BenchRuns] = field(default_factory=dict)
+    exact_reference: bool = False
 
     @property
     def outputs(self) -> dict[tuple[int, int], list[int]]:
@@ -196,7 +199,8 @@ def build_methods(
     methods.append(
         BenchMethod("hf-prompt-lookup", _hf_runner(base, pad, prompt_lookup_num_tokens=lookup_k), batched=False)
     )
-    methods.append(BenchMethod("none", _spec_runner(SpecDecoder(base, NoDrafter())), has_stats=True))
+    plain = SpecDecoder(base, NoDrafter())
+    methods.append(BenchMethod("none", _spec_runner(plain), has_stats=True, exact_reference=plain.batch_invariant))
     if draft is not None:
         for k in draft_ks:
             decoder = SpecDecoder(base, DraftModelDrafter(draft, k))
@@ -210,7 +214,7 @@ def build_methods(
         unknown = sorted(set(only) - {m.name for m in methods})
         if unknown:
             raise ValueError(f"unknown bench methods {unknown}; available: {[m.name for m in methods]}")
-        methods = [m for m in methods if m.name == "hf-greedy" or m.name in only]
+        methods = [m for m in methods if m.name == "hf-greedy" or m.exact_reference or m.name in only]
     for label, head_module in heads:  # --heads rows are always kept
         head_type = head_type_of(head_module)
         for tree in (trees or {}).get(head_type.name, head_type.bench_trees):
@@ -243,9 +247,10 @@ def run_bench(
 
     Multi-turn prompts (``Prompt.followups``, MT-Bench's second turns) run turn by turn, as EAGLE's and Spec-Bench's
     MT-Bench scripts do: turn 1 of every prompt at every batch size, then turn 2 of those that have one, ... Turn
-    k + 1 is asked after the reference's answers (``methods[0]``, hf-greedy, at the first batch size and first
-    repeat; decoded without special tokens, stripped) to turns 1..k: at temperature 0 that is every lossless method's
-    own answer, and every method is given the same prompts, so outputs compare like with like. Outputs are keyed by
+    k + 1 is asked after the reference's answers (:func:`exactness_reference`: hf-greedy, or ``none`` on a bf16
+    base; at the first batch size and first repeat; decoded without special tokens, stripped) to turns 1..k: at
+    temperature 0 that is every lossless method's own answer, and every method is given the same prompts, so outputs
+    compare like with like. Outputs are keyed by
     ``(repeat, request)``, requests numbered turn after turn (turn 1's request i is prompt i).
     """
     answers: list[list[str]] = [[] for _ in prompts]
@@ -262,11 +267,19 @@ def run_bench(
             description = ", ".join(["bench", *labels])
             _run_groups(methods, groups, batch_size, max_new_tokens, repeats, turn == 0, description, progress)
         if turn + 1 < turns:
-            reference = methods[0].runs[batch_sizes[0]].outputs
+            reference = exactness_reference(methods).runs[batch_sizes[0]].outputs
             for offset, i in enumerate(asked):
                 tokens = reference[(0, first_request + offset)]
                 answers[i].append(tokenizer.decode(tokens, skip_special_tokens=True).strip())
         first_request += len(asked)
+
+
+def exactness_reference(methods: list[BenchMethod]) -> BenchMethod:
+    """The row every lossless row's output must equal: ``hf-greedy`` (transformers' greedy, ``methods[0]``) for a
+    float32 base; the engine's own one-token decoding (``none``) for a bf16/fp16 base run batch-invariantly, where
+    transformers' greedy, through another attention kernel, is not the same function of the weights. Later turns of
+    multi-turn prompts are asked after this row's answers."""
+    return next((method for method in methods if method.exact_reference), methods[0])
 
 
 def _groups(
@@ -344,6 +357,8 @@ def summarize(methods: list[BenchMethod], batch_size: int | None = None) -> list
     if batch_size is None:
         batch_size = next(iter(methods[0].runs))
     reference = methods[0].runs[batch_size]
+    exact = exactness_reference(methods)
+    exact_runs, exact_unbatched = exact.runs[batch_size], exact.runs.get(1) if batch_size > 1 else None
     unbatched = methods[0].runs.get(1) if batch_size > 1 else None
     reference_rates = [n / s for n, s in zip(reference.new_tokens, reference.seconds, strict=True)]
     reference_tps = sum(reference.new_tokens) / sum(reference.seconds)
@@ -364,16 +379,18 @@ def summarize(methods: list[BenchMethod], batch_size: int | None = None) -> list
             "speedup_per_prompt_iqr": [quartiles[0], quartiles[2]],
             "mean_accepted_length": runs.stats.mean_accepted_length if method.has_stats else None,
             "acceptance_rate_by_position": runs.stats.acceptance_rate_by_position if method.has_stats else None,
-            "matches_greedy": _matches(runs, reference, unbatched),
+            "matches_greedy": _matches(runs, exact_runs, exact_unbatched),
             "wall_time_s": sum(runs.seconds),
             "draft_ms_per_step": _per_step_ms(method, runs, "draft_time_s"),
             "verify_ms_per_step": _per_step_ms(method, runs, "verify_time_s"),
             "new_tokens": sum(runs.new_tokens),
         }
+        if exact is not methods[0]:
+            row["matches_hf_greedy"] = _matches(runs, reference, unbatched)
         if batch_size > 1:
             row["batch_size"] = batch_size
-            row["matches_batched_greedy"] = _matches(runs, reference)
-            row["matches_unbatched_greedy"] = None if unbatched is None else _matches(runs, unbatched)
+            row["matches_batched_greedy"] = _matches(runs, exact_runs)
+            row["matches_unbatched_greedy"] = None if exact_unbatched is None else _matches(runs, exact_unbatched)
         rows.append(row)
     return rows
 
@@ -404,7 +421,8 @@ def summarize_categories(methods: list[BenchMethod], batch_size: int | None = No
     if batch_size is None:
         batch_size = next(iter(methods[0].runs))
     reference = methods[0].runs[batch_size]
-    unbatched = methods[0].runs.get(1) if batch_size > 1 else None
+    exact = exactness_reference(methods)
+    exact_runs, exact_unbatched = exact.runs[batch_size], exact.runs.get(1) if batch_size > 1 else None
     categories = list(dict.fromkeys(reference.call_categories))
     if categories == [None]:
         return {}
@@ -429,7 +447,7 @@ def summarize_categories(methods: list[BenchMethod], batch_size: int | None = No
                     "tokens_per_s": tokens_per_s,
                     "speedup": tokens_per_s / reference_tps,
                     "mean_accepted_length": stats.mean_accepted_length if method.has_stats else None,
-                    "matches_greedy": _matches(runs, reference, unbatched, keys),
+                    "matches_greedy": _matches(runs, exact_runs, exact_unbatched, keys),
                     "new_tokens": sum(runs.new_tokens[i] for i in mine),
                 }
             )
@@ -537,7 +555,10 @@ def report_rows(
     when some have several turns, ``"turns"``: the requests decoded per repeat (every turn of every prompt).
     """
     by_size = {str(size): summarize(methods, size) for size in batch_sizes}
-    rows: dict[str, Any] = {"methods": by_size[str(batch_sizes[0])]}
+    rows: dict[str, Any] = {
+        "methods": by_size[str(batch_sizes[0])],
+        "exact_reference": exactness_reference(methods).name,
+    }
     if list(batch_sizes) != [1]:
         note = skipped_note(methods, batch_sizes)
         rows.update(batch_sizes=list(batch_sizes), by_batch_size=by_size, notes=[note] if note else [])
@@ -564,9 +585,17 @@ def markdown_table(report: dict[str, Any]) -> str:
         ),
         f"{report['prompts']} prompts{_turns_note(report)} x {report['repeats']} repeats, "
         f"{report['max_new_tokens']} new tokens, "
-        f"temperature 0; {report['machine']['processor']}, {report['machine']['torch_threads']} threads, "
-        f"{report['machine']['date']}",
+        f"temperature 0; {report['base'].get('dtype', '?').removeprefix('torch.')}; "
+        f"{report['machine']['processor']}, {report['machine']['torch_threads']} threads, {report['machine']['date']}",
     ]
+    reference = report.get("exact_reference", "hf-greedy")
+    if reference != "hf-greedy":
+        same = [row["name"] for row in report["methods"] if row.get("matches_hf_greedy")]
+        lines.append(
+            f"exactness: 'matches greedy' compares every row with {reference} (this engine's one-token decoding, "
+            f"batch-invariant); rows whose every output also equals transformers' greedy (another attention kernel): "
+            f"{', '.join(same) or 'none'}"
+        )
     during = report["machine"].get("load_during")
     if during and during["busy"] >= BUSY_CORES:
         lines.append(
@@ -594,7 +623,8 @@ def _turns_note(report: dict[str, Any]) -> str:
     """`` (160 turns: ...)`` for a multi-turn prompt set, else nothing."""
     if "turns" not in report:
         return ""
-    return f" ({report['turns']} turns, each after hf-greedy's answer to the previous one)"
+    reference = report.get("exact_reference", "hf-greedy")
+    return f" ({report['turns']} turns, each after {reference}'s answer to the previous one)"
 
 
 def _category_section(report: dict[str, Any]) -> list[str]:

@@ -40,14 +40,22 @@ FORMAT_CHOICES = export_formats()  # every method's formats, from the registry
 BASE_HELP = "base model: local folder, hub id or 'default'"
 THREADS_HELP = "torch CPU threads (default: the idle cores)"
 DEVICE_HELP = "cpu, cuda, cuda:1, ... (default: where the model loads)"
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_HELP = (
+    "the base's compute dtype. auto (default): bfloat16 on a CPU with native bf16 dot products (AVX512-BF16 or AMX) "
+    "when the checkpoint is bf16 or a GGUF, else the checkpoint's own dtype. Exact means: float32 output equals "
+    "transformers' greedy; bf16/fp16 output equals this engine's own one-token decoding in that dtype"
+)
 # The acceptance rules (specheads.inference.acceptance.ACCEPTANCE_RULES, kept torch-free here for --help).
 ACCEPTANCE_CHOICES = ("auto", "greedy", "rejection", "typical", "threshold", "alpha")
 
 
 def _add_machine(parser: argparse.ArgumentParser, device_help: str = DEVICE_HELP) -> None:
-    """``--device`` and ``--threads``: where and on how many CPU threads a command runs its models."""
+    """``--device``, ``--threads`` and ``--dtype``: where, on how many CPU threads and in which precision a command
+    runs its models."""
     parser.add_argument("--device", help=device_help)
     parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help=DTYPE_HELP)
 
 
 def _add_sampling(parser: argparse.ArgumentParser, top_k_help: str | None = None) -> None:
@@ -148,6 +156,7 @@ def _generate(args: argparse.Namespace) -> int:
         draft_model=args.draft_model,
         method=args.method,
         tokenizer=tokenizer,
+        dtype=args.dtype,
         device=args.device,
         num_speculative_tokens=args.num_speculative_tokens,
     )
@@ -304,11 +313,11 @@ def _bench(args: argparse.Namespace) -> int:
     batch_sizes = sorted(set(args.batch_size))
     if batch_sizes[0] < 1 or batch_sizes[-1] > len(prompts):
         raise ValueError(f"--batch-size values must lie in [1, {len(prompts)}] (the number of prompts)")
-    base = load_causal_lm(args.base, device=args.device)
+    base = load_causal_lm(args.base, dtype=args.dtype, device=args.device)
     draft = None
     if args.draft_model:
         check_same_tokenizer(tokenizer, args.draft_model)
-        draft = load_causal_lm(args.draft_model, device=base.device, role="draft")
+        draft = load_causal_lm(args.draft_model, dtype=base.dtype, device=base.device, role="draft")
     draft_ks = [int(k) for k in args.draft_k.split(",") if k.strip()]
     only = [m.strip() for m in args.methods.split(",")] if args.methods else None
     heads, base, merged = heads_for_comparison(args.heads, base, args.base)
@@ -359,13 +368,16 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--prompt-index", type=int, default=0, help="which shipped held-out prompt to complete")
     parser.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help=DTYPE_HELP)
     parser.set_defaults(handler=_demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
     from specheads.demo import run_demo
 
-    return run_demo(max_new_tokens=args.max_new_tokens, prompt_index=args.prompt_index, threads=args.threads)
+    return run_demo(
+        max_new_tokens=args.max_new_tokens, prompt_index=args.prompt_index, threads=args.threads, dtype=args.dtype
+    )
 
 
 def _add_train(subparsers: argparse._SubParsersAction) -> None:
@@ -384,7 +396,7 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
 def _train(args: argparse.Namespace) -> int:
     from specheads.train import run
 
-    return run(args.config, args.overrides, args.threads)
+    return run(args.config, args.overrides, args.threads, args.dtype)
 
 
 def _add_distill(subparsers: argparse._SubParsersAction) -> None:
@@ -465,7 +477,7 @@ def _distill(args: argparse.Namespace) -> int:
         )  # fmt: skip
         _print_distilled(result, args.out, len(prompts), f" ({args.concurrency} in flight)")
         return 0
-    base = load_causal_lm(args.base, device=args.device)
+    base = load_causal_lm(args.base, dtype=args.dtype, device=args.device)
     decoder = _distill_decoder(args, base, tokenizer) if speculate else None
     options = {"tree": args.tree, "num_speculative_tokens": args.num_speculative_tokens}
     options = {key: value for key, value in options.items() if value is not None}
@@ -576,7 +588,7 @@ def _calibrate(args: argparse.Namespace) -> int:
             "specheads/assets/default/eagle3 to a folder and calibrate that copy"
         )
     base_name, dataset = heldout_rows(args.config, args.base, args.data, args.format, args.max_length)
-    base = load_causal_lm(base_name, device=args.device)
+    base = load_causal_lm(base_name, dtype=args.dtype, device=args.device)
     heads = load_heads(args.heads, base)
     result = calibrate(
         base,

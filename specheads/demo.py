@@ -42,8 +42,11 @@ DEMO_TRAINING = [
 ]
 
 
-def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | None = None) -> int:
+def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | None = None, dtype: str = "auto") -> int:
     """Complete one held-out prompt with plain decoding, the draft model, prompt lookup, Medusa and EAGLE-3 heads.
+
+    ``dtype``: the base's and draft's dtype (``"auto"``: the embedded default's float32; in bf16 the outputs are
+    compared with the engine's own bf16 decoding, see :mod:`specheads.inference.attention`).
 
     Returns:
         0 when every method produced exactly the base's greedy text, 1 otherwise.
@@ -60,8 +63,8 @@ def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | No
     if note:
         console.print(f"[yellow]{note}[/yellow]")
     tokenizer = load_tokenizer("default")
-    base = load_causal_lm("default")
-    draft = load_causal_lm("default", role="draft")
+    base = load_causal_lm("default", dtype=dtype)
+    draft = load_causal_lm("default", dtype=base.dtype, role="draft")
     info = assets.manifest()
     console.print(
         Panel.fit(

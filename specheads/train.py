@@ -21,14 +21,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch CPU threads per process (default: the cores other processes leave idle, shared among this "
         "launch's processes)",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="the base's dtype (overrides the recipe's model.dtype; auto: bf16 on a CPU with native bf16 for a bf16 "
+        "or GGUF checkpoint, else the checkpoint's dtype)",
+    )
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.lr=3e-4 output.dir=runs/x")
 
 
-def run(config_path: str | None, overrides: Sequence[str], threads: int | None = None) -> int:
+def run(config_path: str | None, overrides: Sequence[str], threads: int | None = None, dtype: str | None = None) -> int:
     """Train as the recipe says and return the exit code: 0 when the heads are written, or when this run already
     finished (nothing changes; raise ``train.steps`` to continue it); 130 / 143 after SIGINT / SIGTERM, with a
     checkpoint of the last finished step and one line on stderr instead of a traceback.
 
+    ``dtype``: the base's dtype, as the override ``model.dtype=...`` (None: the recipe's).
     ``threads``: torch's CPU threads; None takes the cores other processes leave idle, divided among the launch's
     processes (``LOCAL_WORLD_SIZE``), as every specheads command does (spinning OpenMP threads on busy cores run
     several times slower).
@@ -36,7 +43,8 @@ def run(config_path: str | None, overrides: Sequence[str], threads: int | None =
     from specheads.training.config import load_config
     from specheads.training.trainer import TrainingInterrupted, finished_run, train
 
-    config = load_config(config_path, list(overrides))
+    overrides = [*overrides, f"model.dtype={dtype}"] if dtype is not None else list(overrides)
+    config = load_config(config_path, overrides)
     _set_threads(threads)
     finished = finished_run(config)
     if finished is not None:
@@ -84,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        return run(args.config, args.overrides, args.threads)
+        return run(args.config, args.overrides, args.threads, args.dtype)
     except (ValueError, FileNotFoundError) as error:
         print(f"specheads train: error: {error}", file=sys.stderr)
         return 2

@@ -238,6 +238,7 @@ def distill(
     done = len(prompts) - len(todo)
     bar = tqdm(total=len(prompts), initial=done, desc="distill", unit="prompt", disable=not progress)
     result = DistillResult(spec_stats=None if decoder is None else SpecStats())
+    written_by = provenance(base_model, decoder, params, seed)
     with out_path.open("a", encoding="utf-8") as handle, bar:
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
@@ -256,7 +257,7 @@ def distill(
             result.generate_time_s += time.perf_counter() - tick
             for prompt, model_input, tokens in zip(batch, inputs, new_tokens, strict=True):
                 response = tokenizer.decode(tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-                handle.write(json.dumps(_record(prompt, model_input, response), ensure_ascii=False) + "\n")
+                handle.write(json.dumps(_record(prompt, model_input, response, written_by), ensure_ascii=False) + "\n")
             handle.flush()  # a crash loses at most this batch
             os.fsync(handle.fileno())
             result.written += len(batch)
@@ -385,8 +386,23 @@ def _model_input(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, use_chat_te
     return _ModelInput(prompt.text, False, None)
 
 
-def _record(prompt: Prompt, model_input: _ModelInput, response: str) -> dict:
+def _record(prompt: Prompt, model_input: _ModelInput, response: str, provenance: Mapping[str, Any]) -> dict:
     record = {"id": prompt.id, "prompt": model_input.text, "response": response, "text": model_input.text + response}
     if model_input.turns is not None:
         record["conversations"] = [*model_input.turns, {"from": "gpt", "value": response}]
+    record["provenance"] = dict(provenance)
     return record
+
+
+def provenance(base_model: PreTrainedModel, decoder: SpecDecoder | None, params: SamplingParams, seed: int) -> dict:
+    """What wrote a record: the engine (transformers' ``generate`` or specheads' engine and its drafter), the
+    base's dtype and device, the sampling settings and the seed (sampled records are seeded from it and their id)."""
+    engine = "transformers.generate" if decoder is None else f"specheads ({decoder.drafter.name})"
+    parameter = next(base_model.parameters())
+    return {
+        "engine": engine,
+        "dtype": str(parameter.dtype).removeprefix("torch."),
+        "device": parameter.device.type,
+        "temperature": params.temperature,
+        "seed": seed,
+    }

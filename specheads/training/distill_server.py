@@ -168,6 +168,7 @@ def distill_server(
     client = _client(url, timeout)
     served = server_model(client, tokenizer, model, retries)
     inputs = [_model_input(prompt, tokenizer, use_chat_template) for prompt in todo]
+    written_by = {"engine": f"server {url} ({served.id})", "temperature": temperature, "seed": seed}
     encoded = [_encode(tokenizer, model_input, prompt.id) for model_input, prompt in zip(inputs, todo, strict=True)]
     checked = threading.Event()
 
@@ -213,7 +214,7 @@ def distill_server(
             written = 0
             while next_write in ready:
                 text, tokens = ready.pop(next_write)
-                record = _record(todo[next_write], inputs[next_write], text)
+                record = _record(todo[next_write], inputs[next_write], text, written_by)
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
                 result.written += 1
                 result.new_tokens += tokens
