@@ -11,14 +11,24 @@ from specheads.inference.drafters import Drafter
 ARCHITECTURES = ("llama", "qwen2", "mistral", "gpt2")
 
 
-def tiny_config(arch: str, vocab_size: int = 96, hidden: int = 32, layers: int = 2, max_positions: int = 256):
-    """A transformers config of a tiny model of the given architecture."""
+def tiny_config(
+    arch: str,
+    vocab_size: int = 96,
+    hidden: int = 32,
+    layers: int = 2,
+    max_positions: int = 256,
+    intermediate: int | None = None,
+):
+    """A transformers config of a tiny model of the given architecture (MLP inner size ``intermediate``, default
+    2 x hidden; GPT-2's default, 4 x hidden)."""
     common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=1, pad_token_id=0)
     if arch == "gpt2":
-        return transformers.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, **common)
+        return transformers.GPT2Config(
+            n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, n_inner=intermediate, **common
+        )
     decoder = dict(
         hidden_size=hidden,
-        intermediate_size=2 * hidden,
+        intermediate_size=intermediate or 2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,

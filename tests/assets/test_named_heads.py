@@ -35,12 +35,19 @@ def test_the_manifest_lists_every_shipped_file_with_its_hash_and_the_heads_fit_2
     assert assets.shipped_heads("smollm2-135m") == ROOT / "eagle3"
 
 
-def test_default_heads_on_the_named_base_decode_a_chat_losslessly() -> None:
-    decoder = SpecDecoder.from_pretrained("smollm2-135m", heads="default")
+@pytest.mark.parametrize("dtype", ["float32", "auto"])
+def test_default_heads_on_the_named_base_decode_a_chat_losslessly(dtype: str) -> None:
+    """float32: equal to transformers' greedy; auto (bf16 on a CPU with native bf16): equal to the engine's own
+    one-token decoding in bf16, the exactness rule of reduced precision."""
+    decoder = SpecDecoder.from_pretrained("smollm2-135m", heads="default", dtype=dtype)
     chat = [{"role": "user", "content": "Give three tips for staying healthy."}]
     ids = torch.tensor([render_conversation(decoder.tokenizer, chat)])
-    reference = decoder.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
+    if decoder.model.dtype == torch.float32:
+        reference = decoder.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
+        expected = reference[0, ids.shape[1] :].tolist()
+    else:
+        expected = SpecDecoder(decoder.model, tokenizer=decoder.tokenizer).generate(chat, max_new_tokens=24).new_tokens
     for tree in ("auto", "dynamic", "chain-2"):
         out = decoder.generate(chat, max_new_tokens=24, tree=tree)
-        assert out.new_tokens == reference[0, ids.shape[1] :].tolist()[: len(out.new_tokens)], tree
+        assert out.new_tokens == expected[: len(out.new_tokens)], tree
         assert len(out.new_tokens) == 24 or out.finish_reason == "eos"
