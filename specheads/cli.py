@@ -734,7 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    except (ValueError, FileNotFoundError, NotImplementedError) as error:
+    except (ValueError, FileNotFoundError, NotImplementedError, ConnectionError) as error:
         print(f"specheads {args.command}: error: {error}", file=sys.stderr)
         return 2
 

@@ -40,7 +40,7 @@ def load_causal_lm(
         path = assets.resolve(str(model), role=role)
         if str(path).startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
             raise FileNotFoundError(f"the {role} model folder {path} does not exist")
-        with _loading_bar(path):
+        with _loading_bar(path), _unknown_name(str(model), path):
             loaded = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(path, dtype, device))
     if device is not None:
         loaded = loaded.to(device)
@@ -138,7 +138,31 @@ def load_tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTraine
     """A tokenizer from an object, a folder, a hub id or ``"default"``."""
     if isinstance(tokenizer, PreTrainedTokenizerBase):
         return tokenizer
-    return AutoTokenizer.from_pretrained(assets.resolve(str(tokenizer)))
+    path = assets.resolve(str(tokenizer))
+    with _unknown_name(str(tokenizer), path):
+        return AutoTokenizer.from_pretrained(path)
+
+
+@contextmanager
+def _unknown_name(name: str, path: str | Path) -> Iterator[None]:
+    """Turn transformers' hub error for a name that is no local folder into one line: what the name is not, the
+    named bases, and whether the hub is offline."""
+    try:
+        yield
+    except OSError as error:
+        if Path(path).expanduser().exists():
+            raise
+        import difflib
+
+        named = [*assets.NAMED_BASES, "default"]
+        close = difflib.get_close_matches(name, named, n=1)
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        hub = "the hub is offline (HF_HUB_OFFLINE)" if offline else f"the hub could not serve it ({error})"
+        raise ValueError(
+            f"{name!r} is neither a local folder, a .gguf file nor a named base"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f"; named bases: {', '.join(named)}; as a hub id, {hub}"
+        ) from None
 
 
 def check_same_tokenizer(

@@ -446,3 +446,62 @@ class _Fixed:
 
     def print_help(self) -> None:
         self.parser.print_help()
+
+
+# ------------------------------------------------------------------------------------------------------ --dtype
+@pytest.mark.parametrize("command", ["generate", "bench", "calibrate", "distill", "demo", "train"])
+def test_every_command_takes_dtype_and_refuses_a_bad_one(command, capsys) -> None:
+    from specheads.cli import build_parser
+
+    parser = build_parser()
+    subcommand = parser._subparsers._group_actions[0].choices[command]
+    assert "--dtype" in subcommand._option_string_actions
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--dtype", "float8", *(["x"] if command == "generate" else [])])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'float8'" in capsys.readouterr().err
+
+
+def test_generate_in_bf16_equals_plain_bf16_decoding(model_dirs, capsys) -> None:
+    outputs = []
+    base = str(model_dirs / "base")
+    for extra in ([], ["--draft-model", str(model_dirs / "draft")], ["--method", "prompt-lookup"]):
+        code = main(
+            ["generate", "--base", base, "--dtype", "bfloat16", "--max-new-tokens", "12", "--json", *extra, "x = 1"]
+        )
+        assert code == 0
+        outputs.append(json.loads(capsys.readouterr().out)["new_tokens"])
+    assert outputs[1] == outputs[0] and outputs[2] == outputs[0]
+
+
+def test_bench_in_bf16_records_the_dtype_and_compares_with_the_engines_own_decoding(model_dirs, tmp_path) -> None:
+    out = tmp_path / "bench"
+    args = ["bench", "--base", str(model_dirs / "base"), "--draft-model", str(model_dirs / "draft"), "--dtype",
+            "bfloat16", "--prompts", str(model_dirs / "prompts.jsonl"), "--max-new-tokens", "8", "--draft-k", "3",
+            "--methods", "draft-k3,prompt-lookup", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["base"]["dtype"] == "torch.bfloat16" and report["draft"]["dtype"] == "torch.bfloat16"
+    assert report["exact_reference"] == "none"
+    rows = {row["name"]: row for row in report["methods"]}
+    assert set(rows) == {"hf-greedy", "none", "draft-k3", "prompt-lookup"}  # none stays: it is the reference
+    assert rows["draft-k3"]["matches_greedy"] and rows["prompt-lookup"]["matches_greedy"]
+    assert "matches_hf_greedy" in rows["draft-k3"]
+    assert "exactness: 'matches greedy' compares every row with none" in (out / "report.md").read_text()
+
+
+def test_a_mistyped_named_base_is_one_line(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["generate", "--base", "smolm2-135m", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "neither a local folder, a .gguf file nor a named base (did you mean 'smollm2-135m'?)" in err
+    assert "the hub is offline" in err
+
+
+def test_distill_with_nothing_listening_is_one_line_naming_the_url(model_dirs, tmp_path, capsys) -> None:
+    code = main(["distill", "--base", str(model_dirs / "base"), "--prompts", str(model_dirs / "prompts.jsonl"),
+                 "--server", "http://127.0.0.1:9", "--retries", "0", "--out", str(tmp_path / "d.jsonl")])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "http://127.0.0.1:9/v1/models" in err[0] and "check --server" in err[0]

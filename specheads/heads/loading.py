@@ -43,7 +43,9 @@ def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None)
         heads = HEAD_TYPES[head_type].module_class().from_checkpoint(config, tensors, str(directory))
     calibrated = Path(directory) / CALIBRATED_TREE
     if calibrated.is_file():  # written by `specheads calibrate`: the best tree for these heads on that machine
-        record = json.loads(calibrated.read_text())
+        from specheads.inference.calibrate import calibration_for
+
+        record = calibration_for(json.loads(calibrated.read_text()), base_model)  # the base's dtype's, when recorded
         heads.calibrated_tree = record["choices"]
         if "dynamic" in record and hasattr(heads, "calibrated_dynamic"):
             heads.calibrated_dynamic = record["dynamic"]

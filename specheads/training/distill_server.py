@@ -51,8 +51,10 @@ from specheads.training.distill import (
 TRANSIENT_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
 
-class ServerError(RuntimeError):
-    """The server serves another model, refused a request, or kept failing after every retry."""
+class ServerError(ConnectionError):
+    """The server cannot be reached, serves another model, refused a request, or kept failing after every retry.
+
+    A ``ConnectionError``: the command line prints it as one line, not a traceback."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,18 @@ def _transient(error: BaseException) -> bool:
     return isinstance(error, openai.APIStatusError) and error.status_code in TRANSIENT_STATUS
 
 
+def _hint(error: BaseException) -> str:
+    """What to check when the server could not be reached at all."""
+    import openai
+
+    if isinstance(error, openai.APIConnectionError) and not isinstance(error, openai.APITimeoutError):
+        return (
+            " (nothing answered there: is the server running and listening on that host and port, e.g. "
+            "llama-server --port, vllm serve --port? check --server)"
+        )
+    return ""
+
+
 def with_retries(call: Any, retries: int, what: str, sleep: Any = time.sleep) -> Any:
     """``call()``, retried on transient errors with exponential backoff and jitter; the last error is raised."""
     for attempt in range(retries + 1):
@@ -89,14 +103,14 @@ def with_retries(call: Any, retries: int, what: str, sleep: Any = time.sleep) ->
             return call()
         except Exception as error:
             if not _transient(error) or attempt == retries:
-                raise ServerError(f"{what}: {type(error).__name__}: {error}") from error
+                raise ServerError(f"{what}: {type(error).__name__}: {error}{_hint(error)}") from error
             sleep(min(30.0, 0.5 * 2**attempt) * (0.5 + random.random()))
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 def server_model(client: Any, tokenizer: PreTrainedTokenizerBase, model: str | None, retries: int) -> ServerModel:
     """The served model, checked against ``tokenizer`` (see the module docstring)."""
-    listing = with_retries(lambda: client.models.list(), retries, "GET /v1/models")
+    listing = with_retries(lambda: client.models.list(), retries, f"GET {str(client.base_url).rstrip('/')}/models")
     models = list(listing.data)
     ids = [m.id for m in models]
     if model is None:

@@ -58,7 +58,11 @@ def _row_logits(base, prefix: list[int], feed: torch.Tensor, mask_block: torch.T
 
 def _trees() -> dict[str, torch.Tensor | None]:
     """The root alone, a 4-node tree and a 16-node tree (two branches at every level), as ``[Q, Q]`` visibility."""
-    shapes = {"root alone": [-1], "4 nodes": [-1, 0, 0, 1], "16 nodes": [-1] + [(node - 1) // 2 for node in range(1, 16)]}
+    shapes = {
+        "root alone": [-1],
+        "4 nodes": [-1, 0, 0, 1],
+        "16 nodes": [-1] + [(node - 1) // 2 for node in range(1, 16)],
+    }
     return {name: tree_from_parents(parents).attention_mask for name, parents in shapes.items()}
 
 

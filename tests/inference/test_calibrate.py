@@ -216,4 +216,27 @@ def test_tree_json_is_written_with_a_plain_files_permissions(tmp_path) -> None:
         path = write_calibration(tmp_path, {"choices": [[0]]})
     finally:
         os.umask(mask)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644 and json.loads(path.read_text()) == {"choices": [[0]]}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert json.loads(path.read_text()) == {"choices": [[0]], "by_dtype": {"float32/cpu": {"choices": [[0]]}}}
+
+
+def test_calibrations_are_kept_per_dtype_and_auto_reads_the_bases_own(tmp_path) -> None:
+    """A bf16 calibration does not replace the float32 one; heads loaded onto a bf16 base read the bf16 tree, onto
+    a float32 base the float32 tree; a file written before dtypes were recorded counts as float32."""
+    from specheads.inference.calibrate import calibration_key, write_calibration
+
+    base = tiny_model("llama", seed=1)
+    MedusaHeads.from_base(base, num_heads=3).save_pretrained(tmp_path)
+    (tmp_path / "tree.json").write_text(json.dumps({"choices": [[0]]}))  # an old, dtype-less record
+    write_calibration(tmp_path, {"choices": [[0], [1], [0, 0]], "dtype": "bfloat16/cpu"})
+    record = json.loads((tmp_path / "tree.json").read_text())
+    assert set(record["by_dtype"]) == {"float32/cpu", "bfloat16/cpu"}
+    assert calibration_key(base) == "float32/cpu"
+    assert load_heads(tmp_path, base).calibrated_tree == [[0]]
+    bf16 = tiny_model("llama", seed=1).to(torch.bfloat16)
+    assert calibration_key(bf16) == "bfloat16/cpu"
+    assert load_heads(tmp_path, bf16).calibrated_tree == [[0], [1], [0, 0]]
+    write_calibration(tmp_path, {"choices": [[0], [1]], "dtype": "float32/cpu"})  # recalibrating replaces its own
+    record = json.loads((tmp_path / "tree.json").read_text())
+    assert record["by_dtype"]["float32/cpu"]["choices"] == [[0], [1]]
+    assert record["by_dtype"]["bfloat16/cpu"]["choices"] == [[0], [1], [0, 0]]
