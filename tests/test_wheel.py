@@ -53,3 +53,28 @@ def test_a_wheel_install_generates_with_a_named_tree(tmp_path) -> None:
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "tau" in run.stdout + run.stderr
+
+
+@pytest.mark.slow
+def test_a_plain_install_in_a_fresh_venv_runs_the_demo(tmp_path) -> None:
+    """The README's first command's install: torch, then the package without extras, in a venv of its own; the demo
+    (which trains Medusa heads through the Accelerate trainer) then runs and every method matches greedy."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    for packages in (["torch==2.13.0"], [str(ROOT)]):
+        install = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *packages], capture_output=True, text=True, cwd=tmp_path
+        )
+        assert install.returncode == 0, install.stderr[-2000:]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the demo's Medusa heads are cached per user (reused if they fit)
+    env.pop("PYTHONPATH", None)
+    demo = subprocess.run(
+        [str(venv / "bin" / "specheads"), "demo", "--max-new-tokens", "32", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert demo.returncode == 0, (demo.stdout[-2000:], demo.stderr[-2000:])
+    assert "all texts identical: yes" in demo.stdout
