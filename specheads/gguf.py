@@ -83,14 +83,15 @@ def converted_folder(path: str | Path, cache_dir: str | Path | None = None) -> P
     target = root / digest[:16]
     if _is_complete(target, digest):
         return target
-    _check_layout(path)  # a bad file is named here, before any conversion work, not deep inside the reader
+    weight_types = _check_layout(path)  # a bad file is named here, before any conversion work, not in the reader
     root.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(root, digest)
     staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(digest)}{os.getpid()}.", dir=root))
     staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the cache is shared like transformers' own
     try:
         _convert(path, staging)
-        (staging / MARKER).write_text(json.dumps({"source": str(path), "sha256": digest}, indent=2) + "\n")
+        record = {"source": str(path), "sha256": digest, "quantized": bool(weight_types - _PLAIN_TYPES)}
+        (staging / MARKER).write_text(json.dumps(record, indent=2) + "\n")
         if not _is_complete(target, digest):  # else another process finished the same file meanwhile
             if target.exists():  # an incomplete or stale folder from another conversion
                 shutil.rmtree(target)
@@ -215,8 +216,31 @@ class _Cursor:
         raise GGUFError(f"{self.path} is corrupt: {what} has value type {kind}, which GGUF does not define here")
 
 
-def _check_layout(path: Path) -> None:
-    """Walk the header, metadata and tensor table and check that every tensor's data lies inside the file."""
+_PLAIN_TYPES = frozenset({0, 1, 30})  # ggml F32, F16, BF16: every other tensor type is a quantized one
+
+
+def was_quantized(folder: str | Path) -> bool | None:
+    """Whether the GGUF file a converted folder came from held quantized weights (None: not a converted folder).
+
+    Folders converted before this was recorded are answered from their source file when it is still there, else
+    taken as quantized (what almost every published GGUF file is)."""
+    marker = Path(folder).expanduser() / MARKER
+    try:
+        record = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    if "quantized" in record:
+        return bool(record["quantized"])
+    source = Path(record.get("source", ""))
+    try:
+        return bool(_check_layout(source) - _PLAIN_TYPES) if source.is_file() else True
+    except (GGUFError, ImportError):
+        return True
+
+
+def _check_layout(path: Path) -> set[int]:
+    """Walk the header, metadata and tensor table and check that every tensor's data lies inside the file; returns
+    the ggml types of its tensors."""
     with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
         cursor = _Cursor(data, path)
         cursor.take(4, "the magic")
@@ -234,7 +258,7 @@ def _check_layout(path: Path) -> None:
                 wanted[key] = value
         if not isinstance(wanted["general.architecture"], str):
             raise GGUFError(f"{path} has no general.architecture in its metadata")
-        data_end, last = _tensor_table_end(cursor, tensor_count)
+        data_end, last, kinds = _tensor_table_end(cursor, tensor_count)
         alignment = wanted["general.alignment"] if isinstance(wanted["general.alignment"], int) else 32
         data_start = -(-cursor.pos // max(alignment, 1)) * max(alignment, 1)  # the table, rounded up to alignment
         if data_start + data_end > len(data):
@@ -242,13 +266,15 @@ def _check_layout(path: Path) -> None:
                 f"{path} is truncated: tensor {last!r} ends at byte {data_start + data_end} but the file has "
                 f"{len(data)} bytes (an interrupted download or copy?)"
             )
+    return kinds
 
 
-def _tensor_table_end(cursor: _Cursor, tensor_count: int) -> tuple[int, str | None]:
-    """Read the tensor table: where the last tensor's data ends (from the start of the data) and its name."""
+def _tensor_table_end(cursor: _Cursor, tensor_count: int) -> tuple[int, str | None, set[int]]:
+    """Read the tensor table: where the last tensor's data ends (from the start of the data), its name, and the
+    ggml types of the tensors."""
     from gguf.constants import GGML_QUANT_SIZES
 
-    data_end, last = 0, None
+    data_end, last, kinds = 0, None, set()
     for index in range(tensor_count):
         name = cursor.string(f"the name of tensor {index}")
         rank = cursor.unpack("<I", f"the rank of tensor {name!r}")
@@ -259,6 +285,7 @@ def _tensor_table_end(cursor: _Cursor, tensor_count: int) -> tuple[int, str | No
             raise GGUFError(
                 f"{cursor.path}: tensor {name!r} has ggml type {kind}, which the installed gguf package does not know"
             )
+        kinds.add(kind)
         block, block_bytes = GGML_QUANT_SIZES[kind]
         elements = 1
         for dim in dims:
@@ -266,7 +293,7 @@ def _tensor_table_end(cursor: _Cursor, tensor_count: int) -> tuple[int, str | No
         end = offset + elements // block * block_bytes
         if end > data_end:
             data_end, last = end, name
-    return data_end, last
+    return data_end, last, kinds
 
 
 def _convert(path: Path, out_dir: Path) -> None:

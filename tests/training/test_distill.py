@@ -45,6 +45,11 @@ def read(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def contents(path) -> list[dict]:
+    """The records without their provenance (which engine, dtype and seed wrote each)."""
+    return [{key: value for key, value in record.items() if key != "provenance"} for record in read(path)]
+
+
 def unbatched_greedy(model, token_ids: list[int]) -> list[int]:
     """transformers' greedy output for one prompt alone, cut before the first EOS."""
     prompt = torch.tensor([token_ids])
@@ -182,7 +187,10 @@ def test_speculative_greedy_file_equals_plain_file(setup, drafters, tmp_path, ca
     assert run(root, speculative, "--batch-size", batch_size, *drafters[drafter]) == 0
     printed = capsys.readouterr().out
     assert "tokens/s, tau" in printed and float(printed.split("tau ")[1].split()[0]) > 1.0  # drafts were accepted
-    assert speculative.read_bytes() == plain.read_bytes()
+    assert contents(speculative) == contents(plain)
+    assert read(plain)[0]["provenance"] == {"engine": "transformers.generate", "dtype": "float32", "device": "cpu",
+                                            "temperature": 0.0, "seed": 0}  # fmt: skip
+    assert read(speculative)[0]["provenance"]["engine"].startswith("specheads (")
 
 
 def test_speculative_resume_and_tree(setup, drafters, tmp_path) -> None:
@@ -191,7 +199,7 @@ def test_speculative_resume_and_tree(setup, drafters, tmp_path) -> None:
     assert run(root, plain, "--batch-size", "4") == 0
     assert run(root, resumed, "--batch-size", "2", "--limit", "3", *drafters["heads"], "--tree", "chain-2") == 0
     assert run(root, resumed, "--batch-size", "3", *drafters["draft"], "--num-speculative-tokens", "3") == 0
-    assert resumed.read_bytes() == plain.read_bytes()
+    assert contents(resumed) == contents(plain)
 
 
 @pytest.mark.parametrize("drafter", ["heads", "draft"])
@@ -217,7 +225,7 @@ def test_library_call_with_a_decoder(setup, tmp_path) -> None:
         model, tokenizer, prompts, speculative, decoder=decoder, decoder_options={"tree": "chain-4"}, **settings
     )
     assert result.written == len(PROMPTS) and result.mean_accepted_length > 1.0
-    assert speculative.read_bytes() == plain.read_bytes()
+    assert contents(speculative) == contents(plain)
     with pytest.raises(ValueError, match="wraps another model"):
         distill(tiny_model("llama", seed=1), tokenizer, prompts, tmp_path / "x.jsonl", decoder=decoder, **settings)
     with pytest.raises(ValueError, match="may not set"):
