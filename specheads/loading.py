@@ -95,9 +95,9 @@ def resolve_dtype(
     ``"auto"`` on a CPU: bfloat16 when the CPU has native bf16 products (:func:`cpu_has_native_bf16`) and the
     checkpoint is bf16 or was converted from a GGUF file of quantized weights (4-8 bits a weight: float32 adds no
     precision that matters); float32 for a bf16/fp16 checkpoint on a CPU without bf16 units (emulated bf16 is
-    slower); otherwise the checkpoint's own dtype. On a GPU, the checkpoint's own dtype (transformers' ``"auto"``). Measured on this
-    project's CPU (AVX512-BF16, 2 threads, SmolLM2-135M): a bf16 one-token forward costs 0.69x a float32 one and
-    an 8-token verify 1.25x the one-token bf16 forward (1.62x in float32).
+    slower); otherwise the checkpoint's own dtype. On a GPU, the checkpoint's own dtype (transformers' ``"auto"``).
+    Measured on this project's CPU (AVX512-BF16, 2 threads, SmolLM2-135M): a bf16 one-token forward costs 0.69x a
+    float32 one and an 8-token verify 1.25x the one-token bf16 forward (1.62x in float32).
     """
     if dtype != "auto":
         return parse_dtype(dtype)
