@@ -14,8 +14,11 @@ mask, not on the other rows or on the buffer's width:
 * scores and the weighted sum of values are computed in float32 (the bf16 inputs are exact in float32), with the
   query rows of a key-value head group stacked and padded to at least :data:`MIN_ROWS` rows: float32 matrix products
   on CPUs take another kernel for 1-3 rows than for 4 or more, and that kernel rounds differently;
-* masked keys get a weight of exactly 0 (``-inf`` before the softmax), so keys beyond a row's length, other tree
-  branches and another row's slots add exact zeros, whatever the width of the preallocated buffer;
+* masked keys get a weight of exactly 0 (``-inf`` before the softmax), so keys beyond a row's length and another
+  row's slots add exact zeros, whatever the width of the preallocated buffer;
+* a tree node's visible keys (the prefix and its ancestors, among masked siblings) are gathered into consecutive
+  places first, in sequence order: sums then group the same terms as when those tokens are decoded one at a time
+  and sit in consecutive slots (without it, outputs part wherever an accepted path went through a second sibling);
 * the softmax runs in float32 over the last axis, a per-row reduction;
 * the result is rounded once to the model's dtype.
 
@@ -80,13 +83,58 @@ def invariant_attention(
     if padded > rows:
         q = F.pad(q, (0, 0, 0, padded - rows))
     scores = torch.matmul(q, key.float().transpose(-1, -2)) * scale  # [B, H_kv, padded, K]
-    allowed = _allowed(attention_mask, batch, queries, width, query.device)  # [B, 1, Q, K] bool
-    allowed = allowed.expand(batch, 1, queries, width).repeat(1, 1, groups, 1)  # rows g * Q + i
+    allowed = _allowed(attention_mask, batch, queries, width, query.device).expand(batch, 1, queries, width)
+    if _has_holes(allowed):
+        return _gathered_attention(query, key, value, allowed, scale)
+    allowed = allowed.repeat(1, 1, groups, 1)  # rows g * Q + i
     if padded > rows:
         allowed = F.pad(allowed, (0, 0, 0, padded - rows), value=True)  # padding rows: finite, never read
     scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
     out = torch.matmul(weights, value)[:, :, :rows]  # [B, H_kv, groups * Q, D]
+    out = out.reshape(batch, heads, queries, value.shape[-1]).transpose(1, 2)
+    return out.to(query.dtype).contiguous(), None
+
+
+def _has_holes(allowed: torch.Tensor) -> bool:
+    """Whether some query sees a key after one it does not see (a tree's masked siblings, a padding query)."""
+    counts = allowed.sum(dim=-1, keepdim=True)
+    return not torch.equal(torch.arange(allowed.shape[-1], device=allowed.device) < counts, allowed)
+
+
+def _gathered_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, None]:
+    """Attention of queries whose visible keys are not a prefix of the buffer (tree nodes).
+
+    A tree node sees the prefix and its ancestors, which sit in the buffer among masked siblings. Masked keys add
+    exact zeros, but the products and sums would still group the visible terms by their buffer slots, which differ
+    from the slots the same tokens hold once accepted and decoded one at a time. So each query's visible keys are
+    gathered first, in slot order (which is their order in the sequence), into the first places of a row of their
+    own; padded with masked places, every sum then groups the same terms as plain decoding does.
+    """
+    batch, heads, queries, dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    counts = allowed[:, 0].sum(dim=-1)  # [B, Q]
+    longest = int(counts.max())
+    order = torch.sort((~allowed[:, 0]).to(torch.uint8), dim=-1, stable=True).indices[..., :longest]  # [B, Q, K']
+    rows = torch.arange(batch, device=key.device)[:, None, None]
+    gathered_keys = key[rows, :, order].permute(0, 3, 1, 2, 4)  # [B, H_kv, Q, K', D]
+    gathered_values = value[rows, :, order].permute(0, 3, 1, 2, 4)
+    items = batch * kv_heads * queries
+    q = query.reshape(batch, kv_heads, groups, queries, dim).transpose(2, 3).reshape(items, groups, dim).float()
+    padded = max(groups, MIN_ROWS)
+    if padded > groups:
+        q = F.pad(q, (0, 0, 0, padded - groups))
+    k = gathered_keys.reshape(items, longest, dim).float()
+    scores = torch.bmm(q, k.transpose(1, 2)) * scale  # [items, padded, K']
+    visible = torch.arange(longest, device=key.device) < counts[..., None]  # [B, Q, K']
+    visible = visible[:, None].expand(batch, kv_heads, queries, longest).reshape(items, 1, longest)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.bmm(weights, gathered_values.reshape(items, longest, value.shape[-1]))[:, :groups]
+    out = out.reshape(batch, kv_heads, queries, groups, value.shape[-1]).transpose(2, 3)
     out = out.reshape(batch, heads, queries, value.shape[-1]).transpose(1, 2)
     return out.to(query.dtype).contiguous(), None
 
