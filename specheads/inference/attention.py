@@ -30,6 +30,7 @@ more precise of the two.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -77,23 +78,46 @@ def invariant_attention(
     groups = heads // kv_heads
     rows = groups * queries
     scale = dim**-0.5 if scaling is None else scaling
+    padded = max(rows, MIN_ROWS)
+    holes, masked = _prepared_mask(attention_mask, batch, queries, width, groups, padded, query.device)
+    if holes:
+        return _gathered_attention(query, key, value, masked, scale)
     # [B, H_kv, groups * Q, D]: heads h = kv * groups + g are adjacent, so this is a view for Q = 1 and a copy else
     q = query.reshape(batch, kv_heads, rows, dim).float()
-    padded = max(rows, MIN_ROWS)
     if padded > rows:
         q = F.pad(q, (0, 0, 0, padded - rows))
     scores = torch.matmul(q, key.float().transpose(-1, -2)) * scale  # [B, H_kv, padded, K]
-    allowed = _allowed(attention_mask, batch, queries, width, query.device).expand(batch, 1, queries, width)
-    if _has_holes(allowed):
-        return _gathered_attention(query, key, value, allowed, scale)
-    allowed = allowed.repeat(1, 1, groups, 1)  # rows g * Q + i
-    if padded > rows:
-        allowed = F.pad(allowed, (0, 0, 0, padded - rows), value=True)  # padding rows: finite, never read
-    scores = scores.masked_fill(~allowed, float("-inf"))
+    scores = scores.masked_fill(masked, float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
     out = torch.matmul(weights, value)[:, :, :rows]  # [B, H_kv, groups * Q, D]
     out = out.reshape(batch, heads, queries, value.shape[-1]).transpose(1, 2)
     return out.to(query.dtype).contiguous(), None
+
+
+# The last forward's mask work, shared by its layers: every layer receives the same mask object (a weak reference
+# tells it apart from a later mask that reuses its memory) or, for a causal step, the same shapes.
+_last_mask: dict[str, Any] = {"key": None, "ref": None, "value": None}
+
+
+def _prepared_mask(
+    mask: torch.Tensor | None, batch: int, queries: int, width: int, groups: int, padded: int, device: torch.device
+) -> tuple[bool, torch.Tensor]:
+    """``(holes, masked)``: with holes, the ``[B, 1, Q, K]`` allowed keys (for :func:`_gathered_attention`); else
+    ``[B, 1, padded, K]`` True where a score is masked, rows ``g * Q + i``, padding rows unmasked."""
+    key = (batch, queries, width, groups, padded, str(device), None if mask is None else mask._version)
+    cached_mask = _last_mask["ref"]() if _last_mask["ref"] is not None else None
+    if _last_mask["key"] == key and (mask is None or cached_mask is mask):
+        return _last_mask["value"]
+    allowed = _allowed(mask, batch, queries, width, device).expand(batch, 1, queries, width)
+    if _has_holes(allowed):
+        value = (True, allowed)
+    else:
+        masked = ~allowed.repeat(1, 1, groups, 1)
+        if padded > groups * queries:
+            masked = F.pad(masked, (0, 0, 0, padded - groups * queries), value=False)
+        value = (False, masked)
+    _last_mask.update(key=key, ref=None if mask is None else weakref.ref(mask), value=value)
+    return value
 
 
 def _has_holes(allowed: torch.Tensor) -> bool:
@@ -182,18 +206,21 @@ def _configs(model: torch.nn.Module) -> list[Any]:
     return list(seen.values())
 
 
+_single_rows: dict[int, torch.Size] = {}  # id(linear module) -> the shape of the one-row input it is computing
+
+
 def _pad_single_row(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """Forward pre-hook of a linear layer: a one-row input gets a second (zero) row."""
     x = args[0]
     if x.numel() != x.shape[-1]:
         return None
-    module._specheads_single_row = x.shape  # noqa: SLF001 - read back by _take_single_row
-    return (torch.cat([x.reshape(1, -1), x.new_zeros(1, x.shape[-1])]), *args[1:])
+    _single_rows[id(module)] = x.shape
+    return (F.pad(x.reshape(1, -1), (0, 0, 0, 1)), *args[1:])
 
 
 def _take_single_row(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor | None:
     """Forward hook of a linear layer: the first row of a padded product, in the input's shape."""
-    shape = module.__dict__.pop("_specheads_single_row", None)
+    shape = _single_rows.pop(id(module), None)
     if shape is None:
         return None
     return output[:1].reshape(*shape[:-1], output.shape[-1])
