@@ -62,6 +62,9 @@ class TrainConfig:
     max_minutes: float | None = None  # stop (checkpoint + export) after this wall time; the schedule keeps `steps`
     resume: str = "auto"  # auto | never | a checkpoint directory
     overwrite: bool = False  # allow writing into an output directory that holds another run
+    # The heads' forward and backward under autocast, fp32 master weights and optimizer state. auto: bf16 (fp16) when
+    # the base runs in bf16 (fp16) on a GPU, or in bf16 on a CPU with native bf16 products; no: fp32 throughout
+    mixed_precision: str = "auto"  # auto | no | bf16 | fp16
 
 
 @dataclass
@@ -111,6 +114,7 @@ class RecipeConfig:
             "model.dtype": (self.model.dtype, {"auto", "float32", "bfloat16", "float16"}),
             "data.format": (self.data.format, {"sharegpt", "text", "jsonl"}),
             "train.schedule": (self.train.schedule, {"cosine", "linear", "constant"}),
+            "train.mixed_precision": (self.train.mixed_precision, {"auto", "no", "bf16", "fp16"}),
             "log.tracker": (self.log.tracker, {"wandb", "tensorboard", "none"}),
         }
         for key, (value, allowed) in choices.items():
@@ -248,6 +252,8 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be a number, got {value!r}")
         return float(value)
     if hint is str:
+        if value is False and key.endswith("mixed_precision"):  # YAML 1.1 reads a bare `no` as false
+            return "no"
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a string, got {value!r}")
         return value

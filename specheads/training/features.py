@@ -254,11 +254,50 @@ class _LayerView:
         return self._final + 1
 
 
-def base_output(base: torch.nn.Module, batch: dict[str, torch.Tensor], **kwargs: Any) -> Any:
+def base_output(base: torch.nn.Module, batch: dict[str, torch.Tensor], full_logits: bool = True, **kwargs: Any) -> Any:
     """The base's output for a batch: from the feature cache when the batch carries cached hidden states, else one
-    forward of the base with ``output_hidden_states=True`` (``kwargs`` go to that forward)."""
+    forward of the base with ``output_hidden_states=True`` (``kwargs`` go to that forward).
+
+    ``full_logits=False``: the online forward skips the ``[B, T, V]`` logits (``logits_to_keep=1``) when
+    :func:`teacher_logits` can rebuild what a loss needs from the final hidden state; the cached output computes its
+    logits only when asked anyway.
+    """
     if any(name.startswith("hidden.") for name in batch):
         return CachedOutput(base, batch)
+    if not full_logits and projectable(base):
+        kwargs = {**kwargs, "logits_to_keep": 1}
     return base(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True, **kwargs
     )
+
+
+# Config fields of models whose logits are not a plain linear map of the final hidden state.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
+
+
+def projectable(base: torch.nn.Module) -> bool:
+    """Whether the base's logits are ``lm_head(hidden_states[-1])`` with a plain linear ``lm_head``, so that any of
+    their columns can be computed alone (no soft-capping or logit scale on top)."""
+    head = base.get_output_embeddings()
+    config = getattr(base, "config", None)
+    transformed = any(getattr(config, name, None) not in (None, 1.0) for name in _LOGIT_TRANSFORMS)
+    return isinstance(head, torch.nn.Linear) and not transformed
+
+
+@torch.no_grad()
+def teacher_logits(base: torch.nn.Module, out: Any, columns: torch.Tensor | None) -> torch.Tensor:
+    """The base's logits at every position, restricted to ``columns`` (a draft vocabulary; None: all of them).
+
+    With a plain linear lm_head only those rows of it are multiplied with the final hidden state: a 6,144-token
+    draft vocabulary of SmolLM2's 49,152 costs an eighth of the full projection, which at 576 hidden dimensions costs
+    more than a training-time-test step of the head. The softmax over these columns is the teacher's distribution
+    renormalised onto the draft vocabulary, which is what the losses read (:class:`TeacherLogits`).
+    """
+    if not projectable(base):
+        logits = out.logits
+        return logits if columns is None else logits[..., columns]
+    head = base.get_output_embeddings()
+    weight = head.weight if columns is None else head.weight[columns]
+    bias = None if head.bias is None else (head.bias if columns is None else head.bias[columns])
+    hidden = out.hidden_states[len(out.hidden_states) - 1]
+    return torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias)

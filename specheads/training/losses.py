@@ -243,7 +243,9 @@ def eagle_loss(
         step_inputs: per step, ``[B, T - 1, D]`` what the draft's vocabulary projection reads
             (:meth:`EagleHead.projection`); ``weight``, ``bias``: that projection.
         step_weights: ``[S]`` the steps' weights (EAGLE-3: :func:`ttt_weights`).
-        base_logits: ``[B, T, V]`` the base's logits (not needed for corpus targets).
+        base_logits: ``[B, T, V]`` the base's logits, or ``[B, T, Vd]`` those of the draft vocabulary alone (its
+            columns ``draft_ids``, in that order; :func:`~specheads.training.features.teacher_logits`); not needed
+            for corpus targets.
         input_ids, loss_mask: ``[B, T]``.
         draft_ids, corpus, vocab_size: as for :func:`eagle_targets`.
         top_k: also return the draft's top ids (draft vocabulary) at the counted positions.
@@ -268,7 +270,9 @@ def eagle_loss(
     rows = torch.cat(student_rows)
     wanted = torch.cat(targets)
     if not corpus:
-        wanted = TeacherLogits(base_logits.reshape(-1, base_logits.shape[-1]), wanted, draft_ids)
+        restricted = draft_ids is not None and base_logits.shape[-1] == draft_ids.numel()
+        columns = None if restricted else draft_ids
+        wanted = TeacherLogits(base_logits.reshape(-1, base_logits.shape[-1]), wanted, columns)
     inputs = torch.cat([step.reshape(-1, step.shape[-1]) for step in step_inputs])  # [S * B * (T - 1), D]
     weights = torch.cat(row_weights).to(inputs.device)
     scored = linear_cross_entropy(inputs, weight, wanted, rows, bias, weights, top_k)

@@ -239,3 +239,87 @@ def test_held_out_evaluation_runs_on_the_device_with_batches_from_a_cpu_loader()
     eagle = EagleHead.from_base(base, version=3)
     assert len(head_agreement(base, medusa, batches)["agreement_with_base_greedy"]) == 2
     assert eagle_agreement(base, eagle, batches, max_batches=1)["positions"][0] > 0
+
+
+# ------------------------------------------------------------------------------------ throughput: teacher, bf16
+def test_the_draft_vocabulary_teacher_is_the_full_teachers_distribution_renormalised() -> None:
+    from specheads.training.features import base_output, teacher_logits
+    from specheads.training.losses import TeacherLogits, eagle_loss
+
+    base = _base()
+    ids = torch.randint(2, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    full_out = base_output(base, batch)
+    lean_out = base_output(base, batch, full_logits=False)
+    assert lean_out.logits.shape[1] == 1  # the online forward skipped the [B, T, V] logits
+    columns = torch.tensor([5, 1, 40, 7, 93, 60])
+    restricted = teacher_logits(base, lean_out, columns)
+    assert restricted.shape == (2, 12, 6)
+    torch.testing.assert_close(restricted, full_out.logits[..., columns], rtol=0, atol=1e-5)
+    wanted = TeacherLogits(full_out.logits.reshape(-1, 96), None, columns).probabilities(0, 24)
+    renormalised = full_out.logits.reshape(-1, 96)[:, columns].softmax(-1)
+    torch.testing.assert_close(wanted, renormalised)
+    torch.testing.assert_close(TeacherLogits(restricted.reshape(-1, 6)).probabilities(0, 24), renormalised)
+    # the loss reads either: the full logits with the draft columns, or the restricted ones as they are
+    steps = [torch.randn(2, 11, 8), torch.randn(2, 11, 8)]
+    weight, mask = torch.randn(6, 8), torch.ones(2, 12)
+    weights = torch.tensor([1.0, 0.8])
+    full = eagle_loss(steps, weight, None, weights, full_out.logits, ids, mask, columns)
+    lean = eagle_loss(steps, weight, None, weights, restricted, ids, mask, columns)
+    torch.testing.assert_close(full.loss, lean.loss, rtol=1e-5, atol=1e-6)
+
+
+def test_a_soft_capped_base_keeps_its_full_logits() -> None:
+    from specheads.training.features import projectable, teacher_logits
+
+    base = _base()
+    assert projectable(base)
+    base.config.final_logit_softcapping = 30.0
+    assert not projectable(base)
+    out = SimpleNamespace(logits=torch.randn(1, 3, 96), hidden_states=None)
+    torch.testing.assert_close(teacher_logits(base, out, torch.tensor([2, 3])), out.logits[..., [2, 3]])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "setting", "native", "expected"),
+    [("bfloat16", "auto", True, "bf16"), ("bfloat16", "auto", False, "no"), ("float32", "auto", True, "no"),
+     ("float32", "bf16", False, "bf16"), ("bfloat16", "no", True, "no")],
+)  # fmt: skip
+def test_mixed_precision_on_a_cpu(monkeypatch, workspace, tmp_path, dtype, setting, native, expected) -> None:
+    from specheads.training import trainer
+
+    monkeypatch.setenv("SPECHEADS_CPU_BF16", "1" if native else "0")
+    overrides = _overrides(workspace, tmp_path, **{"model.dtype": dtype, "train.mixed_precision": setting})
+    assert trainer.mixed_precision(load_config(None, overrides)) == expected
+
+
+def test_a_bad_mixed_precision_is_refused(workspace, tmp_path) -> None:
+    with pytest.raises(ConfigError, match="train.mixed_precision"):
+        load_config(None, _overrides(workspace, tmp_path, **{"train.mixed_precision": "fp8"}))
+
+
+def test_bf16_autocast_training_learns(workspace, tmp_path) -> None:
+    """A bf16 base and the heads under bf16 autocast (fp32 master weights): 30 steps agree with the base's greedy
+    token far more often than one step does, as in float32."""
+    bf16 = {"model.dtype": "bfloat16", "train.mixed_precision": "bf16", "data.eval_paths": f"[{workspace / 'data'}]",
+            "data.eval_batches": 2}  # fmt: skip
+    agreement = {}
+    for steps in (1, 30):
+        overrides = _overrides(workspace, tmp_path / f"bf16-{steps}", **{**bf16, "train.steps": steps})
+        heads_dir = train(load_config(None, overrides))
+        assert all(value.dtype == torch.float32 for value in _heads(heads_dir).values() if value.is_floating_point())
+        agreement[steps] = json.loads((heads_dir / "eval.json").read_text())["agreement_with_base_greedy"][0]
+    assert agreement[30] > agreement[1] + 0.1, agreement
+
+
+@pytest.mark.slow
+def test_bf16_autocast_resume_after_sigkill_matches_an_uninterrupted_run(workspace, tmp_path) -> None:
+    steps = {"train.steps": 24, "output.save_every": 4, "train.seed": 7, "model.dtype": "bfloat16",
+             "train.mixed_precision": "bf16"}  # fmt: skip
+    reference = train(load_config(None, _overrides(workspace, tmp_path / "reference", **steps)))
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "specheads.train", *_overrides(workspace, out, **steps)]
+    resumed = kill_after_checkpoint_and_resume(command, out, tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    for name, value in _heads(reference).items():
+        assert torch.equal(_heads(out / "heads")[name], value), name  # bit-identical

@@ -20,7 +20,7 @@ from specheads.loading import vocab_size
 from specheads.methods.eagle.config import EagleHeadsConfig
 from specheads.methods.eagle.heads import EagleHead
 from specheads.training.evaluate import RANKS, agreement_summary
-from specheads.training.features import base_output
+from specheads.training.features import base_output, teacher_logits
 from specheads.training.losses import UnrolledLosses, eagle1_loss, eagle_loss, projected_top_k, ttt_weights
 
 
@@ -52,11 +52,14 @@ def token_counts(dataset: Any, vocab_size: int) -> torch.Tensor:
     return counts
 
 
-def base_features(base: torch.nn.Module, head: EagleHead, batch: dict[str, torch.Tensor]) -> tuple[list, Any]:
+def base_features(
+    base: torch.nn.Module, head: EagleHead, batch: dict[str, torch.Tensor], full_logits: bool = True
+) -> tuple[list, Any]:
     """One frozen base forward (or its cached features, see :mod:`specheads.training.features`): the features the
-    head reads and the base's output (logits for every position)."""
+    head reads and the base's output (logits for every position unless ``full_logits`` is False, see
+    :func:`~specheads.training.features.base_output`)."""
     with torch.no_grad():
-        out = base_output(base, batch)
+        out = base_output(base, batch, full_logits=full_logits)
     return [out.hidden_states[index].float() for index in head.hidden_state_layers], out
 
 
@@ -70,8 +73,12 @@ def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
     section: EagleHeadsConfig = run.config.heads
     head: EagleHead = run.accelerator.unwrap_model(run.heads)
     input_ids, loss_mask = batch["input_ids"], batch["loss_mask"] * batch["attention_mask"]
-    features, out = base_features(run.base, head, batch)
     corpus = section.targets == "corpus"
+    draft_ids = head.draft_token_ids() if head.config.reduced_vocab else None
+    # The teacher is the base's logits over the draft vocabulary alone, from its final hidden state: the full
+    # [B, T, V] logits are built only for the logged agreement metric.
+    features, out = base_features(run.base, head, batch, full_logits=False)
+    teacher = None if corpus else teacher_logits(run.base, out, draft_ids)
     steps = 1 if head.config.version == 1 else section.ttt_steps
     step_weights = torch.ones(1) if head.config.version == 1 else ttt_weights(steps, section.ttt_decay)
     kept: list[torch.Tensor] = []
@@ -80,8 +87,7 @@ def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
         kept.append(inputs)
         if len(kept) < steps:
             return None
-        draft_ids = head.draft_token_ids() if head.config.reduced_vocab else None
-        targets = (None if corpus else out.logits, input_ids, loss_mask, draft_ids, corpus, head.config.vocab_size)
+        targets = (teacher, input_ids, loss_mask, draft_ids, corpus, head.config.vocab_size)
         top_k = 1 if run.logging_step else 0  # the agreement metric reads the draft's top-1
         return eagle_loss(kept, weight, bias, step_weights, *targets, top_k=top_k)
 
@@ -97,8 +103,9 @@ def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
         loss = losses.loss
         metrics = {f"step_{step}/loss": float(value) for step, value in enumerate(losses.step_losses)}
     if run.logging_step:
+        full = teacher_logits(run.base, out, None)
         for step, (top, mask) in enumerate(zip(losses.tops, losses.masks, strict=True)):
-            metrics[f"step_{step}/agreement"] = _agreement(head, top, out.logits, step, mask)
+            metrics[f"step_{step}/agreement"] = _agreement(head, top, full, step, mask)
     return loss, metrics
 
 
