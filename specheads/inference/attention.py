@@ -104,7 +104,8 @@ def _prepared_mask(
 ) -> tuple[bool, torch.Tensor]:
     """``(holes, masked)``: with holes, the ``[B, 1, Q, K]`` allowed keys (for :func:`_gathered_attention`); else
     ``[B, 1, padded, K]`` True where a score is masked, rows ``g * Q + i``, padding rows unmasked."""
-    key = (batch, queries, width, groups, padded, str(device), None if mask is None else mask._version)
+    version = None if mask is None else 0 if mask.is_inference() else mask._version  # (inference tensors have none)
+    key = (batch, queries, width, groups, padded, str(device), version)
     cached_mask = _last_mask["ref"]() if _last_mask["ref"] is not None else None
     if _last_mask["key"] == key and (mask is None or cached_mask is mask):
         return _last_mask["value"]
