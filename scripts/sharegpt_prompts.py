@@ -28,6 +28,7 @@ def main() -> None:
     tokenizer = load_tokenizer(args.base)
     seen: dict[str, int] = {}
     written = skipped_long = 0
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with Path(args.out).open("w", encoding="utf-8") as handle:
         for record_id, messages in read_sharegpt_conversations(sharegpt_path()):
             first = next((m["content"] for m in messages if m["role"] == "user"), None)
