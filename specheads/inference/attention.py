@@ -80,13 +80,13 @@ def invariant_attention(
     scale = dim**-0.5 if scaling is None else scaling
     padded = max(rows, MIN_ROWS)
     holes, masked = _prepared_mask(attention_mask, batch, queries, width, groups, padded, query.device)
-    if holes:
-        return _gathered_attention(query, key, value, masked, scale)
     # [B, H_kv, groups * Q, D]: heads h = kv * groups + g are adjacent, so this is a view for Q = 1 and a copy else
     q = query.reshape(batch, kv_heads, rows, dim).float()
     if padded > rows:
         q = F.pad(q, (0, 0, 0, padded - rows))
     scores = torch.matmul(q, key.float().transpose(-1, -2)) * scale  # [B, H_kv, padded, K]
+    if holes:
+        return _gathered_attention(scores[:, :, :rows], value, masked, queries)
     scores = scores.masked_fill(masked, float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
     out = torch.matmul(weights, value)[:, :, :rows]  # [B, H_kv, groups * Q, D]
@@ -102,7 +102,8 @@ _last_mask: dict[str, Any] = {"key": None, "ref": None, "value": None}
 def _prepared_mask(
     mask: torch.Tensor | None, batch: int, queries: int, width: int, groups: int, padded: int, device: torch.device
 ) -> tuple[bool, torch.Tensor]:
-    """``(holes, masked)``: with holes, the ``[B, 1, Q, K]`` allowed keys (for :func:`_gathered_attention`); else
+    """``(holes, masked)``: with holes, the gather plan of :func:`_gathered_attention` (each query's visible slots
+    in order, which places are visible, the most visible keys of a query); else
     ``[B, 1, padded, K]`` True where a score is masked, rows ``g * Q + i``, padding rows unmasked."""
     version = None if mask is None else 0 if mask.is_inference() else mask._version  # (inference tensors have none)
     key = (batch, queries, width, groups, padded, str(device), version)
@@ -111,7 +112,11 @@ def _prepared_mask(
         return _last_mask["value"]
     allowed = _allowed(mask, batch, queries, width, device).expand(batch, 1, queries, width)
     if _has_holes(allowed):
-        value = (True, allowed)
+        counts = allowed[:, 0].sum(dim=-1)  # [B, Q]
+        longest = int(counts.max())
+        order = torch.sort((~allowed[:, 0]).to(torch.uint8), dim=-1, stable=True).indices[..., :longest]
+        visible = torch.arange(longest, device=device) < counts[..., None]  # [B, Q, K']
+        value = (True, (order, visible, longest))
     else:
         masked = ~allowed.repeat(1, 1, groups, 1)
         if padded > groups * queries:
@@ -128,40 +133,44 @@ def _has_holes(allowed: torch.Tensor) -> bool:
 
 
 def _gathered_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, scale: float
+    scores: torch.Tensor, value: torch.Tensor, plan: tuple[torch.Tensor, torch.Tensor, int], queries: int
 ) -> tuple[torch.Tensor, None]:
-    """Attention of queries whose visible keys are not a prefix of the buffer (tree nodes).
+    """Attention of queries whose visible keys are not a prefix of the buffer (tree nodes), from their scores.
 
     A tree node sees the prefix and its ancestors, which sit in the buffer among masked siblings. Masked keys add
-    exact zeros, but the products and sums would still group the visible terms by their buffer slots, which differ
-    from the slots the same tokens hold once accepted and decoded one at a time. So each query's visible keys are
-    gathered first, in slot order (which is their order in the sequence), into the first places of a row of their
-    own; padded with masked places, every sum then groups the same terms as plain decoding does.
+    exact zeros, but the softmax and the weighted sum of values would still group the visible terms by their buffer
+    slots, which differ from the slots the same tokens hold once accepted and decoded one at a time. Each score does
+    not depend on its slot (one dot product), so each query's visible scores, and the values they weigh, are gathered
+    first, in slot order (their order in the sequence), into the first places of a row of their own; padded with
+    masked places, the sums then group the same terms as plain decoding does.
+
+    Args:
+        scores: ``[B, H_kv, groups * Q, K]`` float32 scores, rows ``g * Q + i``.
+        value: ``[B, H_kv, K, D]``.
+        plan: each query's visible slots first (``[B, Q, K']``), which of those places are visible, and K'.
     """
-    batch, heads, queries, dim = query.shape
-    kv_heads = key.shape[1]
-    groups = heads // kv_heads
-    counts = allowed[:, 0].sum(dim=-1)  # [B, Q]
-    longest = int(counts.max())
-    order = torch.sort((~allowed[:, 0]).to(torch.uint8), dim=-1, stable=True).indices[..., :longest]  # [B, Q, K']
-    rows = torch.arange(batch, device=key.device)[:, None, None]
-    gathered_keys = key[rows, :, order].permute(0, 3, 1, 2, 4)  # [B, H_kv, Q, K', D]
-    gathered_values = value[rows, :, order].permute(0, 3, 1, 2, 4)
+    batch, kv_heads, rows, _ = scores.shape
+    groups = rows // queries
+    order, visible, longest = plan
+    index = order[:, None, None].expand(batch, kv_heads, groups, queries, longest)
+    gathered = torch.gather(scores.reshape(batch, kv_heads, groups, queries, -1), 4, index)  # [B, H_kv, G, Q, K']
+    gathered = gathered.masked_fill(~visible[:, None, None], float("-inf"))
+    weights = torch.softmax(gathered, dim=-1).to(value.dtype).transpose(2, 3)  # [B, H_kv, Q, G, K']
     items = batch * kv_heads * queries
-    q = query.reshape(batch, kv_heads, groups, queries, dim).transpose(2, 3).reshape(items, groups, dim).float()
-    padded = max(groups, MIN_ROWS)
-    if padded > groups:
-        q = F.pad(q, (0, 0, 0, padded - groups))
-    k = gathered_keys.reshape(items, longest, dim).float()
-    scores = torch.bmm(q, k.transpose(1, 2)) * scale  # [items, padded, K']
-    visible = torch.arange(longest, device=key.device) < counts[..., None]  # [B, Q, K']
-    visible = visible[:, None].expand(batch, kv_heads, queries, longest).reshape(items, 1, longest)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    weights = torch.softmax(scores, dim=-1).to(value.dtype)
-    out = torch.bmm(weights, gathered_values.reshape(items, longest, value.shape[-1]))[:, :groups]
+    out = torch.bmm(weights.reshape(items, groups, longest), _gather_slots(value, order))  # [items, G, D]
     out = out.reshape(batch, kv_heads, queries, groups, value.shape[-1]).transpose(2, 3)
-    out = out.reshape(batch, heads, queries, value.shape[-1]).transpose(1, 2)
-    return out.to(query.dtype).contiguous(), None
+    out = out.reshape(batch, kv_heads * groups, queries, value.shape[-1]).transpose(1, 2)
+    return out.contiguous(), None
+
+
+def _gather_slots(states: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``[B * H_kv * Q, K', D]``: for each row, head and query, the slots ``order[b, i]`` of ``states``
+    ``[B, H_kv, K, D]`` (one ``index_select`` per row: a third of the cost of advanced indexing here)."""
+    batch, kv_heads, _, dim = states.shape
+    queries, longest = order.shape[1:]
+    rows = [states[b].index_select(1, order[b].flatten()) for b in range(batch)]  # [H_kv, Q * K', D] each
+    gathered = rows[0][None] if batch == 1 else torch.stack(rows)
+    return gathered.reshape(batch * kv_heads * queries, longest, dim)
 
 
 def _allowed(mask: torch.Tensor | None, batch: int, queries: int, width: int, device: torch.device) -> torch.Tensor:
