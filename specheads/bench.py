@@ -637,12 +637,14 @@ def _category_section(report: dict[str, Any]) -> list[str]:
         return []
     names = list(by_category)
     size = report.get("batch_sizes", [1])[0]
+    reference = report.get("exact_reference", "hf-greedy")
+    parted = " (NOT greedy)" if reference == "hf-greedy" else f" (not {reference}'s output)"
     cells: dict[tuple[str, str], str] = {}
     for category, rows in by_category.items():
         for row in rows:
             tau = row["mean_accepted_length"]
             text = f"{row['speedup']:.2f}x" + ("" if tau is None else f" / {tau:.2f}")
-            cells[category, row["name"]] = text + ("" if row["matches_greedy"] else " (NOT greedy)")
+            cells[category, row["name"]] = text + ("" if row["matches_greedy"] else parted)
     methods = list(dict.fromkeys(row["name"] for rows in by_category.values() for row in rows))
     lines = [
         "",
