@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specheads.cli import positive_int
+    from specheads.cli import DTYPE_CHOICES, positive_int
 
     parser.add_argument("--config", help="recipe YAML (see configs/)")
     parser.add_argument(
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
+        choices=DTYPE_CHOICES,
         help="the base's dtype (overrides the recipe's model.dtype; auto: bf16 on a CPU with native bf16 for a bf16 "
         "or GGUF checkpoint, else the checkpoint's dtype)",
     )
