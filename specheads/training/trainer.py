@@ -150,7 +150,7 @@ def setup(config: RecipeConfig) -> Run:
         _check_fsdp_recipe(config, accelerator)
     # Under FSDP the base stays on the CPU until prepare: FSDP moves it to the GPU one shard at a time.
     device = "cpu" if fsdp else accelerator.device
-    base = load_causal_lm(config.model.base, dtype=_dtype(config.model.dtype), device=device)
+    base = load_causal_lm(config.model.base, dtype=config.model.dtype, device=device)
     head_type = HEAD_TYPES[config.heads.type]
     with accelerator.main_process_first():
         data_config = dataclasses.replace(config.data, paths=expand_data_paths(config.data.paths))
@@ -395,10 +395,6 @@ def _param_groups(config: RecipeConfig, base: torch.nn.Module, heads: torch.nn.M
     if config.lora.enabled:
         groups.append({"params": [p for p in base.parameters() if p.requires_grad], "lr": config.train.lr})
     return groups
-
-
-def _dtype(name: str) -> str | torch.dtype:
-    return name if name == "auto" else getattr(torch, name)
 
 
 # ---------------------------------------------------------------------------------------------------- the loop
