@@ -6,7 +6,10 @@ The prompts of the shipped SmolLM2 heads' training data: ``specheads distill`` r
 itself. Records are read with the training loader's rules (a truncated file yields its complete records; synonym
 roles, leading assistant turns and empty conversations are normalised or skipped with counts). A prompt longer than
 ``--max-prompt-tokens`` tokens of the base's tokenizer is skipped: MT-Bench questions are short, and a long prompt
-costs the distillation as much as its answer. Ids are the records' own, made unique with ``#n`` where repeated.
+costs the distillation as much as its answer. A prompt whose words (lower-cased, punctuation and spacing aside) repeat
+an earlier prompt's is skipped: ShareGPT holds many copies of the same first turn, and the base answers a copy
+the same way. A prompt that copies an evaluation prompt (MT-Bench, HumanEval, GSM8K, the shipped prompt files;
+``specheads.contamination``) is skipped too. Ids are the records' own, made unique with ``#n`` where repeated.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
+from specheads.contamination import evaluation_index, words
 from specheads.loading import load_tokenizer
 from specheads.training.data import read_sharegpt_conversations, sharegpt_path
 
@@ -27,7 +31,9 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.base)
     seen: dict[str, int] = {}
-    written = skipped_long = 0
+    texts: set[tuple[str, ...]] = set()
+    index = evaluation_index()
+    written = skipped_long = repeated = copied = 0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with Path(args.out).open("w", encoding="utf-8") as handle:
         for record_id, messages in read_sharegpt_conversations(sharegpt_path()):
@@ -37,13 +43,24 @@ def main() -> None:
             if len(tokenizer(first, add_special_tokens=False)["input_ids"]) > args.max_prompt_tokens:
                 skipped_long += 1
                 continue
+            if index.match([first]) is not None:
+                copied += 1
+                continue
+            key = words(first)
+            if key in texts:
+                repeated += 1
+                continue
+            texts.add(key)
             count = seen.get(record_id, 0)
             seen[record_id] = count + 1
             unique = record_id if count == 0 else f"{record_id}#{count}"
             line = {"id": unique, "conversations": [{"from": "human", "value": first}]}
             handle.write(json.dumps(line, ensure_ascii=False) + "\n")
             written += 1
-    print(f"wrote {written} prompts to {args.out}; {skipped_long} longer than {args.max_prompt_tokens} tokens skipped")
+    print(
+        f"wrote {written} prompts to {args.out}; skipped {skipped_long} longer than {args.max_prompt_tokens} tokens, "
+        f"{repeated} repeating an earlier prompt, {copied} copying an evaluation prompt ({index.describe()})"
+    )
 
 
 if __name__ == "__main__":

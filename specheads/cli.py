@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -433,6 +434,19 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seeds sampling, per record with its id")
     parser.add_argument("--limit", type=positive_int, help="use the first N prompts")
     parser.add_argument("--no-chat-template", action="store_true", help="give plain prompts to the base as they are")
+    parser.add_argument(
+        "--exclude-prompts",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="more evaluation prompt files to keep out of the data (MT-Bench, HumanEval, GSM8K when installed and the "
+        "shipped prompt files always are: a prompt sharing 13 words in a row with one is skipped and counted)",
+    )
+    parser.add_argument(
+        "--allow-evaluation-prompts",
+        action="store_true",
+        help="distill prompts that copy evaluation sets too (the trainer still drops such records unless told not to)",
+    )
     _add_machine(parser)
     server = parser.add_argument_group(
         "serving engine",
@@ -456,6 +470,8 @@ def _distill(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.base)
     prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
     check_unique_ids(prompts)
+    if not args.allow_evaluation_prompts:
+        prompts = _without_evaluation_prompts(prompts, args.exclude_prompts)
     multi_turn = sum(prompt.num_turns > 1 for prompt in prompts)
     if multi_turn:
         print(
@@ -499,6 +515,33 @@ def _distill(args: argparse.Namespace) -> int:
     tau = "" if decoder is None else f", tau {result.mean_accepted_length:.2f} ({decoder.drafter.name})"
     _print_distilled(result, args.out, len(prompts), tau)
     return 0
+
+
+def _without_evaluation_prompts(prompts: list, exclude: list[str]) -> list:
+    """``prompts`` without those that copy an evaluation prompt (counted on stderr); all of them is an error."""
+    from specheads.contamination import evaluation_index
+
+    index = evaluation_index(exclude)
+    kept, dropped = [], Counter()
+    for prompt in prompts:
+        if prompt.conversation is None:
+            texts = [prompt.text]
+        else:
+            texts = [content for role, content in prompt.conversation if role == "user"] + list(prompt.followups)
+        source = index.match(texts)
+        if source is None:
+            kept.append(prompt)
+        else:
+            dropped[source] += 1
+    if dropped:
+        sources = ", ".join(f"{name} x{count}" for name, count in dropped.most_common())
+        print(f"specheads distill: {sum(dropped.values())} prompts skipped: they copy evaluation prompts ({sources}); "
+              "--allow-evaluation-prompts keeps them", file=sys.stderr)  # fmt: skip
+    if not kept:
+        raise ValueError(
+            "every prompt copies an evaluation set; distill other prompts, or pass --allow-evaluation-prompts"
+        )
+    return kept
 
 
 def _check_distill_options(args: argparse.Namespace) -> bool:

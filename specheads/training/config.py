@@ -41,6 +41,11 @@ class DataConfig:
     # A directory of the frozen base's features for the training rows, written on first use and reused across
     # epochs, runs and head types (see specheads.training.features); None: the base runs on every micro-batch.
     feature_cache: str | None = None
+    # Records copying an evaluation prompt (MT-Bench, HumanEval, GSM8K when installed, the shipped prompt files and
+    # exclude_prompts) are dropped with counts: see specheads.contamination. Off only for data known to be clean.
+    decontaminate: bool = True
+    exclude_prompts: list[str] = field(default_factory=list)  # more evaluation prompt files (JSONL) to keep out
+    deduplicate: bool = True  # drop records identical to an earlier one (same text, or same conversation)
     num_proc: int = 2  # processes that tokenise (capped at the CPU count; a few hundred records stay in-process)
     cache: bool = True  # save the tokenised rows; a later build of the same files, tokenizer and settings loads them
     cache_dir: str | None = None  # where cached rows go (None: datasets' cache, HF_DATASETS_CACHE, + /specheads)

@@ -65,14 +65,20 @@ process), with datasets' progress bar.
 Cache. With ``config.cache`` the rows are saved under ``config.cache_dir`` (default: datasets' cache folder,
 ``HF_DATASETS_CACHE``, then ``specheads/``), in a folder named by a fingerprint of the files (path, size and sha256
 of the content), the tokenizer (its full serialisation), the chat template, the split and the settings that shape
-rows (format, max_length, text_field, packing, limit, heldout_fraction). A later build with the same fingerprint
+rows (format, max_length, text_field, packing, limit, heldout_fraction, the screening settings and the evaluation
+sets installed). A later build with the same fingerprint
 loads those rows (memory-mapped) instead of reading and tokenising again, and repeats the reading's log line. An
 entry is written whole or not at all; entries are never deleted (remove the folder to reclaim the space).
 
-``config.limit`` keeps the first N records read (before the held-out split; for ``sharegpt``, the first N usable
-ones). ``config.heldout_fraction`` sends each record to the held-out split when the first 8 bytes of sha256 of its
-text (documents) or of its canonical JSON (conversations, after normalisation), read as a fraction of 2**64, fall
-below the fraction: deterministic and independent of file order.
+Screening. Before anything else a record is dropped, and counted in one warning, when it copies an evaluation
+prompt (``config.decontaminate``, on by default: a user turn, or a document, sharing 13 words in a row with MT-Bench,
+HumanEval, GSM8K, the shipped prompt files or ``config.exclude_prompts``; see :mod:`specheads.contamination`) or
+repeats an earlier record exactly (``config.deduplicate``, on by default).
+
+``config.limit`` keeps the first N records the screening kept (before the held-out split; for ``sharegpt``, the
+first N usable ones). ``config.heldout_fraction`` sends each record to the held-out split when the first 8 bytes of
+sha256 of its text (documents) or of its canonical JSON (conversations, after normalisation), read as a fraction of
+2**64, fall below the fraction: deterministic and independent of file order.
 """
 
 from __future__ import annotations
@@ -98,6 +104,7 @@ from datasets.fingerprint import Hasher
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
+from specheads.contamination import evaluation_index
 from specheads.loading import pad_token_id
 from specheads.training.config import DataConfig
 
@@ -140,8 +147,18 @@ _RECORDS_PER_PROCESS = 256  # fewer records than this per process are tokenised 
 _CHARS_PER_TOKEN = 8  # a conversation is tokenised up to about this many characters per max_length token
 # Ids and character offsets only: converting the attention mask of every text too costs ~7% of the tokenising time.
 _OFFSETS = dict(add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False, verbose=False)
-_ROWS_VERSION = 1  # bump when a change to this module changes the rows it makes: older cache entries are not reused
-_ROW_SETTINGS = ("format", "max_length", "text_field", "packing", "limit", "heldout_fraction")
+_ROWS_VERSION = 2  # bump when a change to this module changes the rows it makes: older cache entries are not reused
+_ROW_SETTINGS = (
+    "format",
+    "max_length",
+    "text_field",
+    "packing",
+    "limit",
+    "heldout_fraction",
+    "decontaminate",
+    "exclude_prompts",
+    "deduplicate",
+)
 _CACHE_INFO = "specheads_rows.json"  # written last into a cache entry: its presence marks the entry complete
 Renderer = Callable[[list[dict[str, str]], bool], str]
 
@@ -241,9 +258,11 @@ def _build_rows(
     """The rows of ``split``, and for ``sharegpt`` the reading's counts (already logged)."""
     tally = _Tally() if render is not None else None
     keep_system = render is not None and _template_takes_system(render)
-    records = list(_read_records(files, config, tally, keep_system))
+    screen = _Screen(config)
+    records = list(_read_records(files, config, tally, keep_system, screen))
     if tally is not None:
         tally.log()
+    screen.log()
     if not records:
         if tally is not None and tally.read:
             names = ", ".join(str(path) for path in files)
@@ -308,6 +327,7 @@ def _cache_entry(
         "tokenizer": _tokenizer_fingerprint(tokenizer),
         "chat_template": template,
         "settings": {name: getattr(config, name) for name in _ROW_SETTINGS},
+        "evaluation_sets": evaluation_index(config.exclude_prompts).describe() if config.decontaminate else None,
     }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()[:24]
     root = Path(config.cache_dir).expanduser() if config.cache_dir else Path(datasets.config.HF_DATASETS_CACHE)
@@ -418,9 +438,10 @@ def _folder_files(folder: Path, data_format: str) -> list[Path]:
 
 
 def _read_records(
-    files: list[Path], config: DataConfig, tally: _Tally | None, keep_system: bool
+    files: list[Path], config: DataConfig, tally: _Tally | None, keep_system: bool, screen: _Screen | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Records ``{"text" | "messages", "source", "heldout"}`` in file order, at most ``config.limit`` of them."""
+    """Records ``{"text" | "messages", "source", "heldout"}`` in file order, at most ``config.limit`` of them; those
+    ``screen`` drops (copies of evaluation prompts, duplicates) are counted there and not yielded."""
     count = 0
     for path in files:
         if config.format == "text":
@@ -432,6 +453,8 @@ def _read_records(
         for where, document, messages in records:
             if config.limit is not None and count >= config.limit:
                 return
+            if screen is not None and not screen.keep(document, messages):
+                continue
             count += 1
             if messages is None:
                 record, key = {"text": document, "source": where}, document
@@ -486,6 +509,43 @@ def _read_jsonl(path: Path, text_field: str) -> Iterator[tuple[str, str]]:
 def _in_heldout(key: str, fraction: float) -> bool:
     digest = hashlib.sha256(key.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+class _Screen:
+    """Drops records that copy an evaluation prompt (``data.decontaminate``) or repeat an earlier record
+    (``data.deduplicate``), and counts both."""
+
+    def __init__(self, config: DataConfig) -> None:
+        self.index = evaluation_index(config.exclude_prompts) if config.decontaminate else None
+        self.deduplicate = config.deduplicate
+        self.seen: set[bytes] = set()
+        self.contaminated: Counter[str] = Counter()
+        self.duplicates = 0
+
+    def keep(self, document: str | None, messages: list[dict[str, str]] | None) -> bool:
+        if self.index is not None:
+            texts = [document] if messages is None else [m["content"] for m in messages if m["role"] == "user"]
+            source = self.index.match(texts)
+            if source is not None:
+                self.contaminated[source] += 1
+                return False
+        if self.deduplicate:
+            key = document if messages is None else json.dumps(messages, sort_keys=True, ensure_ascii=False)
+            digest = hashlib.sha256(key.encode("utf-8")).digest()
+            if digest in self.seen:
+                self.duplicates += 1
+                return False
+            self.seen.add(digest)
+        return True
+
+    def log(self) -> None:
+        if self.contaminated:
+            sources = ", ".join(f"{name} x{count}" for name, count in self.contaminated.most_common())
+            logger.warning(
+                "%d records dropped: they copy evaluation prompts (%s)", sum(self.contaminated.values()), sources
+            )
+        if self.duplicates:
+            logger.warning("%d records dropped: exact duplicates of earlier ones", self.duplicates)
 
 
 # ------------------------------------------------------------------------------------------------- ShareGPT reading

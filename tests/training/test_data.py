@@ -321,3 +321,54 @@ def test_padding_falls_back_to_eos_without_a_pad_token(tmp_path):
     rows = build_dataset(DataConfig(paths=[str(tmp_path)], max_length=5, packing=False), tokenizer)
     assert rows[0]["input_ids"] == ids(tokenizer, "ab") + [EOS, EOS, EOS]
     assert rows[0]["attention_mask"] == [1, 1, 1, 0, 0]
+
+
+# ---------------------------------------------------------------------------------------------------------- screening
+
+LEAKED = (
+    "Describe in three sentences how a lighthouse keeper on a windless island would spend the longest night of winter."
+)
+
+
+def chat(question: str, answer: str) -> dict:
+    return {"conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]}
+
+
+def test_records_copying_an_evaluation_prompt_or_repeating_one_are_dropped_and_counted(
+    tmp_path, chat_tokenizer, caplog
+):
+    bench = write_jsonl(tmp_path / "bench" / "questions.jsonl", [{"id": 1, "turns": [LEAKED]}])
+    records = [
+        chat("Tell me a joke", "No."),
+        chat("Please, " + LEAKED.upper() + " Thanks!", "Aloha."),  # a copy, however dressed up
+        chat("Tell me a joke", "No."),  # an exact repeat
+        chat("Tell me a joke", "Another answer."),  # the same question answered otherwise is another record
+    ]
+    write_jsonl(tmp_path / "data" / "chat.jsonl", records)
+    config = DataConfig(paths=[str(tmp_path / "data")], format="sharegpt", max_length=64, exclude_prompts=[str(bench)])
+    with caplog.at_level("WARNING"):
+        rows = build_dataset(config, chat_tokenizer)
+    assert len(rows) == 2
+    assert "1 records dropped: they copy evaluation prompts" in caplog.text and "questions.jsonl x1" in caplog.text
+    assert "1 records dropped: exact duplicates" in caplog.text
+    kept = DataConfig(
+        paths=[str(tmp_path / "data")], format="sharegpt", max_length=256, decontaminate=False, deduplicate=False
+    )
+    assert len(build_dataset(kept, chat_tokenizer)) == 4
+
+
+def test_documents_are_screened_too_and_the_limit_counts_kept_records(tmp_path, tokenizer):
+    bench = write_jsonl(tmp_path / "bench.jsonl", [{"prompt": LEAKED}])
+    write_jsonl(
+        tmp_path / "data" / "docs.jsonl", [{"text": "doc0"}, {"text": LEAKED}, {"text": "doc0"}, {"text": "doc1"}]
+    )
+    config = DataConfig(
+        paths=[str(tmp_path / "data")],
+        format="jsonl",
+        max_length=8,
+        packing=False,
+        limit=2,
+        exclude_prompts=[str(bench)],
+    )
+    rows = build_dataset(config, tokenizer)
+    assert [tokenizer.decode(row["input_ids"], skip_special_tokens=True) for row in rows] == ["doc0", "doc1"]

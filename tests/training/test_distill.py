@@ -338,3 +338,16 @@ def test_a_sigkilled_run_resumed_writes_the_uninterrupted_file(setup, tmp_path) 
     assert 2 <= written < len(PROMPTS)
     assert run(root, killed, "--batch-size", "2") == 0
     assert killed.read_bytes() == one_shot.read_bytes()
+
+
+def test_prompts_that_copy_an_evaluation_set_are_skipped_and_counted(setup, tmp_path, capsys):
+    root, _, _ = setup
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"prompt": PROMPTS[2]}) + "\n" + json.dumps({"prompt": PROMPTS[4]}) + "\n")
+    out = tmp_path / "screened.jsonl"
+    assert run(root, out, "--exclude-prompts", str(bench)) == 0
+    assert [record["id"] for record in read(out)] == ["p0", "p1", "p3", "p5"]
+    assert f"2 prompts skipped: they copy evaluation prompts ({bench} x2)" in capsys.readouterr().err
+    everything = tmp_path / "all.jsonl"
+    assert run(root, everything, "--exclude-prompts", str(bench), "--allow-evaluation-prompts") == 0
+    assert len(read(everything)) == len(PROMPTS)

@@ -36,6 +36,8 @@ def messages(*pairs: tuple[str, str]) -> list[dict[str, str]]:
 
 
 def sharegpt_config(path: Path, **settings) -> DataConfig:
+    """Normalisation is what these tests check: records it makes identical are kept (no deduplication)."""
+    settings.setdefault("deduplicate", False)
     return DataConfig(paths=[str(path)], format="sharegpt", max_length=settings.pop("max_length", 96), **settings)
 
 
