@@ -34,7 +34,7 @@ class DataConfig:
     text_field: str = "text"  # the field of jsonl records holding the text
     chat_template: str | None = None  # a Jinja template (or a file holding one) to use instead of the tokenizer's
     packing: bool = True  # text/jsonl: concatenate documents and cut into max_length windows
-    limit: int | None = None  # use the first N records (quick runs)
+    limit: int | None = None  # use the first N records of the split (quick runs; the held-out split stays put)
     heldout_fraction: float = 0.0  # held out from training for evaluation, by record hash
     eval_paths: list[str] = field(default_factory=list)  # held-out data evaluated after training (same format)
     eval_batches: int = 50  # at most this many batches of held-out data
@@ -46,6 +46,9 @@ class DataConfig:
     decontaminate: bool = True
     exclude_prompts: list[str] = field(default_factory=list)  # more evaluation prompt files (JSONL) to keep out
     deduplicate: bool = True  # drop records identical to an earlier one (same text, or same conversation)
+    # Batches of rows of similar length (shuffled within groups of 50 batches, then the batches shuffled): a batch is
+    # cut to its longest row, so chats of mixed lengths waste much of every step on padding otherwise
+    group_by_length: bool = True
     num_proc: int = 2  # processes that tokenise (capped at the CPU count; a few hundred records stay in-process)
     cache: bool = True  # save the tokenised rows; a later build of the same files, tokenizer and settings loads them
     cache_dir: str | None = None  # where cached rows go (None: datasets' cache, HF_DATASETS_CACHE, + /specheads)

@@ -75,10 +75,11 @@ prompt (``config.decontaminate``, on by default: a user turn, or a document, sha
 HumanEval, GSM8K, the shipped prompt files or ``config.exclude_prompts``; see :mod:`specheads.contamination`) or
 repeats an earlier record exactly (``config.deduplicate``, on by default).
 
-``config.limit`` keeps the first N records the screening kept (before the held-out split; for ``sharegpt``, the
-first N usable ones). ``config.heldout_fraction`` sends each record to the held-out split when the first 8 bytes of
-sha256 of its text (documents) or of its canonical JSON (conversations, after normalisation), read as a fraction of
-2**64, fall below the fraction: deterministic and independent of file order.
+``config.limit`` keeps the first N records of the split being built (after the screening; for ``sharegpt``, usable
+ones): a run on fewer records is evaluated on the same held-out records as the whole data.
+``config.heldout_fraction`` sends each record to the held-out split when the first 8 bytes of sha256 of its text
+(documents) or of its canonical JSON (conversations, after normalisation), read as a fraction of 2**64, fall below
+the fraction: deterministic and independent of file order.
 """
 
 from __future__ import annotations
@@ -259,17 +260,18 @@ def _build_rows(
     tally = _Tally() if render is not None else None
     keep_system = render is not None and _template_takes_system(render)
     screen = _Screen(config)
-    records = list(_read_records(files, config, tally, keep_system, screen))
+    records = list(_read_records(files, config, tally, keep_system, screen, split))
     if tally is not None:
         tally.log()
     screen.log()
     if not records:
-        if tally is not None and tally.read:
-            names = ", ".join(str(path) for path in files)
-            raise DataError(f"{names}: none of the {tally.read} records is usable ({tally.describe_skips()})")
-        raise DataError(f"no records found in {config.paths}")
-    records = [record for record in records if record.pop("heldout") == (split == "heldout")]
-    if not records:
+        if not screen.read:
+            if tally is not None and tally.read:
+                names = ", ".join(str(path) for path in files)
+                raise DataError(f"{names}: none of the {tally.read} records is usable ({tally.describe_skips()})")
+            raise DataError(f"no records found in {config.paths}")
+        if screen.dropped == screen.read:
+            raise DataError(f"all {screen.read} records were dropped: {screen.describe()}")
         raise DataError(f"no records fall in the {split} split (heldout_fraction={config.heldout_fraction})")
     rows = _layout(datasets.Dataset.from_list(records), config, tokenizer, render)
     if len(rows) == 0:
@@ -438,10 +440,10 @@ def _folder_files(folder: Path, data_format: str) -> list[Path]:
 
 
 def _read_records(
-    files: list[Path], config: DataConfig, tally: _Tally | None, keep_system: bool, screen: _Screen | None = None
+    files: list[Path], config: DataConfig, tally: _Tally | None, keep_system: bool, screen: _Screen, split: str
 ) -> Iterator[dict[str, Any]]:
-    """Records ``{"text" | "messages", "source", "heldout"}`` in file order, at most ``config.limit`` of them; those
-    ``screen`` drops (copies of evaluation prompts, duplicates) are counted there and not yielded."""
+    """Records ``{"text" | "messages", "source"}`` of ``split`` in file order, at most ``config.limit`` of them;
+    those ``screen`` drops (copies of evaluation prompts, duplicates) are counted there and not yielded."""
     count = 0
     for path in files:
         if config.format == "text":
@@ -453,16 +455,18 @@ def _read_records(
         for where, document, messages in records:
             if config.limit is not None and count >= config.limit:
                 return
-            if screen is not None and not screen.keep(document, messages):
+            if not screen.keep(document, messages):
                 continue
-            count += 1
             if messages is None:
                 record, key = {"text": document, "source": where}, document
             else:  # stored as JSON, keyed by its canonical JSON
                 tally.used += 1
                 record = {"messages": json.dumps(messages, ensure_ascii=False), "source": where}
                 key = json.dumps(messages, sort_keys=True, ensure_ascii=False) if config.heldout_fraction else ""
-            record["heldout"] = bool(config.heldout_fraction) and _in_heldout(key, config.heldout_fraction)
+            heldout = bool(config.heldout_fraction) and _in_heldout(key, config.heldout_fraction)
+            if heldout != (split == "heldout"):
+                continue
+            count += 1
             yield record
 
 
@@ -519,10 +523,12 @@ class _Screen:
         self.index = evaluation_index(config.exclude_prompts) if config.decontaminate else None
         self.deduplicate = config.deduplicate
         self.seen: set[bytes] = set()
+        self.read = 0
         self.contaminated: Counter[str] = Counter()
         self.duplicates = 0
 
     def keep(self, document: str | None, messages: list[dict[str, str]] | None) -> bool:
+        self.read += 1
         if self.index is not None:
             texts = [document] if messages is None else [m["content"] for m in messages if m["role"] == "user"]
             source = self.index.match(texts)
@@ -538,14 +544,22 @@ class _Screen:
             self.seen.add(digest)
         return True
 
-    def log(self) -> None:
+    @property
+    def dropped(self) -> int:
+        return sum(self.contaminated.values()) + self.duplicates
+
+    def describe(self) -> str:
+        parts = []
         if self.contaminated:
             sources = ", ".join(f"{name} x{count}" for name, count in self.contaminated.most_common())
-            logger.warning(
-                "%d records dropped: they copy evaluation prompts (%s)", sum(self.contaminated.values()), sources
-            )
+            parts.append(f"{sum(self.contaminated.values())} copy evaluation prompts ({sources})")
         if self.duplicates:
-            logger.warning("%d records dropped: exact duplicates of earlier ones", self.duplicates)
+            parts.append(f"{self.duplicates} repeat earlier records exactly")
+        return "; ".join(parts)
+
+    def log(self) -> None:
+        if self.dropped:
+            logger.warning("%d records dropped: %s", self.dropped, self.describe())
 
 
 # ------------------------------------------------------------------------------------------------- ShareGPT reading

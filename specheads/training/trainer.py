@@ -157,17 +157,15 @@ def setup(config: RecipeConfig) -> Run:
         dataset = build_dataset(data_config, tokenizer).with_format("torch")
     heads = head_type.build_heads(base, config.heads, dataset)
     base = _prepare_base(config, base)
-    collate = collate_trimmed
+    collate, rows = collate_trimmed, dataset
     if config.data.feature_cache:
         dataset, collate = _cached_features(config, accelerator, base, heads, dataset), collate_padded
-    generator = torch.Generator().manual_seed(config.train.seed)
+    if config.data.group_by_length:
+        order = {"sampler": LengthGroupedSampler(row_lengths(rows), config.train.batch_size, config.train.seed)}
+    else:
+        order = {"shuffle": True, "generator": torch.Generator().manual_seed(config.train.seed)}
     dataloader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=config.train.batch_size,
-        shuffle=True,
-        drop_last=True,
-        generator=generator,
-        collate_fn=collate,
+        dataset, batch_size=config.train.batch_size, drop_last=True, collate_fn=collate, **order
     )
     if len(dataloader) == 0:
         raise ConfigError(f"the data gives {len(dataset)} rows, fewer than one batch of {config.train.batch_size}")
@@ -217,6 +215,47 @@ def _cached_features(
         write_feature_cache(base, dataset, layers, directory, rows_fingerprint(dataset), config.train.batch_size)
     accelerator.wait_for_everyone()
     return CachedFeatures(directory)
+
+
+def row_lengths(dataset: Any, chunk: int = 4096) -> list[int]:
+    """The real (attended) length of every row of a tokenised dataset."""
+    lengths: list[int] = []
+    for start in range(0, len(dataset), chunk):
+        mask = torch.as_tensor(dataset[start : start + chunk]["attention_mask"])
+        lengths.extend(mask.sum(dim=1).tolist())
+    return lengths
+
+
+class LengthGroupedSampler(torch.utils.data.Sampler):
+    """A shuffled order of rows in which every ``batch_size`` consecutive rows have similar lengths.
+
+    Each epoch (:meth:`set_epoch`, seeded by ``seed + epoch``, so a resumed run replays it) the rows are shuffled,
+    cut into groups of ``group_batches`` batches, sorted by length within each group and cut into batches; the
+    batches are then shuffled, except a last short one, which stays last (a loader with ``drop_last`` drops it). The
+    loader cuts a batch to its longest row (:func:`collate_trimmed`), so grouping spends the step on real tokens:
+    transformers' ``group_by_length`` does the same.
+    """
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int = 0, group_batches: int = 50) -> None:
+        self.lengths, self.batch_size, self.seed, self.group = lengths, batch_size, seed, batch_size * group_batches
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=generator).tolist()
+        batches = []
+        for start in range(0, len(order), self.group):
+            group = sorted(order[start : start + self.group], key=lambda index: -self.lengths[index])
+            batches += [group[i : i + self.batch_size] for i in range(0, len(group), self.batch_size)]
+        tail = [batches.pop()] if batches and len(batches[-1]) < self.batch_size else []
+        shuffled = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()] + tail
+        return iter([index for batch in shuffled for index in batch])
 
 
 def collate_trimmed(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

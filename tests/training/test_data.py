@@ -349,8 +349,8 @@ def test_records_copying_an_evaluation_prompt_or_repeating_one_are_dropped_and_c
     with caplog.at_level("WARNING"):
         rows = build_dataset(config, chat_tokenizer)
     assert len(rows) == 2
-    assert "1 records dropped: they copy evaluation prompts" in caplog.text and "questions.jsonl x1" in caplog.text
-    assert "1 records dropped: exact duplicates" in caplog.text
+    assert "2 records dropped: 1 copy evaluation prompts (" in caplog.text and "questions.jsonl x1)" in caplog.text
+    assert "; 1 repeat earlier records exactly" in caplog.text
     kept = DataConfig(
         paths=[str(tmp_path / "data")], format="sharegpt", max_length=256, decontaminate=False, deduplicate=False
     )
@@ -372,3 +372,30 @@ def test_documents_are_screened_too_and_the_limit_counts_kept_records(tmp_path, 
     )
     rows = build_dataset(config, tokenizer)
     assert [tokenizer.decode(row["input_ids"], skip_special_tokens=True) for row in rows] == ["doc0", "doc1"]
+
+
+def test_limit_counts_records_of_the_split_and_the_heldout_split_does_not_move(tmp_path, tokenizer):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": f"document {i}"} for i in range(60)])
+
+    def decoded(split: str, limit: int | None) -> list[str]:
+        config = DataConfig(
+            paths=[str(tmp_path)], format="jsonl", max_length=16, packing=False, heldout_fraction=0.25, limit=limit
+        )
+        return [
+            tokenizer.decode(row["input_ids"], skip_special_tokens=True)
+            for row in build_dataset(config, tokenizer, split)
+        ]
+
+    train, heldout = decoded("train", None), decoded("heldout", None)
+    assert decoded("train", 5) == train[:5]
+    assert decoded("heldout", 5) == heldout[:5]
+
+
+def test_data_that_the_screening_drops_whole_is_a_clear_error(tmp_path, tokenizer):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "same"}, {"text": "same"}])
+    bench = write_jsonl(tmp_path / "bench.jsonl", [{"prompt": "same"}])
+    config = DataConfig(
+        paths=[str(tmp_path / "data.jsonl")], format="jsonl", max_length=8, packing=False, exclude_prompts=[str(bench)]
+    )
+    with pytest.raises(DataError, match="all 2 records were dropped: 2 copy evaluation prompts"):
+        build_dataset(config, tokenizer)
