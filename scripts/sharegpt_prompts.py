@@ -1,6 +1,6 @@
 """First user turns of the installed ShareGPT V3 file as a distill prompts file (JSONL ``id`` + ``conversations``).
 
-    python scripts/sharegpt_prompts.py --out data/sharegpt_prompts.jsonl [--max-prompt-tokens 256]
+    python scripts/sharegpt_prompts.py --out data/sharegpt_prompts.jsonl [--max-prompt-tokens 256] [--limit N]
 
 The prompts of the shipped SmolLM2 heads' training data: ``specheads distill`` regenerates the answers with the base
 itself. Records are read with the training loader's rules (a truncated file yields its complete records; synonym
@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--base", default="smollm2-135m", help="whose tokenizer measures prompt lengths")
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
+    parser.add_argument("--limit", type=int, help="stop after writing N prompts (quick runs)")
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.base)
     seen: dict[str, int] = {}
@@ -57,6 +58,8 @@ def main() -> None:
             line = {"id": unique, "conversations": [{"from": "human", "value": first}]}
             handle.write(json.dumps(line, ensure_ascii=False) + "\n")
             written += 1
+            if args.limit is not None and written >= args.limit:
+                break
     print(
         f"wrote {written} prompts to {args.out}; skipped {skipped_long} longer than {args.max_prompt_tokens} tokens, "
         f"{repeated} repeating an earlier prompt, {copied} copying an evaluation prompt ({index.describe()})"

@@ -97,6 +97,9 @@ class LogConfig:
     project: str = "specheads"
     run_name: str | None = None
     every: int = 10
+    # Held-out evaluation every N optimizer steps (0: only after the last one); each appends a line (step, tokens,
+    # epoch, agreement by depth, simulated tau) to OUTPUT/evals.jsonl and goes to the tracker
+    eval_every: int = 0
 
 
 @dataclass
@@ -104,6 +107,10 @@ class OutputConfig:
     dir: str = "runs/medusa"
     save_every: int = 100  # steps between checkpoints; the step a run ends or is stopped at always saves (0: only it)
     keep_last: int = 2
+    # Which heads the run exports: "last" (the last step's) or "best" (of every held-out evaluation, log.eval_every and
+    # the final one, those with the highest select_by: a simulated tau, "chain-3", "tree-6", "tree-16")
+    select: str = "last"
+    select_by: str = "tree-6"
 
 
 @dataclass
@@ -124,6 +131,8 @@ class RecipeConfig:
             "train.schedule": (self.train.schedule, {"cosine", "linear", "constant"}),
             "train.mixed_precision": (self.train.mixed_precision, {"auto", "no", "bf16", "fp16"}),
             "log.tracker": (self.log.tracker, {"wandb", "tensorboard", "none"}),
+            "output.select": (self.output.select, {"last", "best"}),
+            "output.select_by": (self.output.select_by, {"chain-3", "tree-6", "tree-16"}),
         }
         for key, (value, allowed) in choices.items():
             if value not in allowed:
@@ -147,6 +156,16 @@ class RecipeConfig:
                     f"lora.enabled (joint training of the base) is a Medusa-2 setting, for heads.type in {joint}; "
                     f"{self.heads.type!r} trains heads on a frozen base"
                 )
+        if self.log.eval_every < 0:
+            raise ConfigError(f"log.eval_every must be >= 0, got {self.log.eval_every}")
+        if (self.log.eval_every or self.output.select == "best") and not (
+            self.data.eval_paths or self.data.heldout_fraction > 0
+        ):
+            raise ConfigError(
+                "log.eval_every and output.select=best need held-out data: set data.heldout_fraction or data.eval_paths"
+            )
+        if self.output.select == "best" and self.lora.enabled:
+            raise ConfigError("output.select=best keeps heads only; with lora.enabled the adapter is the last step's")
         if self.train.steps is not None and self.train.steps <= 0:
             raise ConfigError(f"train.steps must be > 0, got {self.train.steps}")
         if not self.data.paths:

@@ -85,6 +85,32 @@ def agreement_summary(
     }
 
 
+SIMULATED_TREES = (6, 16)  # tree sizes simulated next to chain-3: SmolLM2's calibrated bf16 tree has 6 nodes
+
+
+def simulated_tau(
+    agreement_by_rank: list[list[float]], chain: int = 3, trees: tuple[int, ...] = SIMULATED_TREES
+) -> dict:
+    """Expected tokens per decoding step (tau) from held-out per-depth, per-rank agreement, as tree calibration
+    models it: a chain of ``chain`` top-1 drafts gives ``1 + a1 + a1 a2 + ...``; a tree of N nodes grown greedily
+    (:func:`~specheads.inference.calibrate.grow_tree`) gives 1 plus the sum of its nodes' path probabilities.
+
+    Agreement at depth d is measured where the path above it is the base's own (EAGLE) or per head (Medusa), so the
+    products assume depths independent given the path; the engine's measured tau is the check.
+    """
+    from specheads.inference.calibrate import grow_tree
+
+    result, reach = {}, 1.0
+    tau = 1.0
+    for depth in range(min(chain, len(agreement_by_rank))):
+        reach *= float(agreement_by_rank[depth][0])
+        tau += reach
+    result[f"chain-{chain}"] = tau
+    for nodes in trees:
+        result[f"tree-{nodes}"] = 1.0 + sum(probability for _, probability in grow_tree(agreement_by_rank, nodes))
+    return result
+
+
 @torch.inference_mode()
 def heldout_lm_loss(model: torch.nn.Module, batches: Any, max_batches: int | None = None) -> float:
     """Mean next-token cross-entropy (nats/token) of ``model`` over the counted tokens of ``batches``."""

@@ -144,19 +144,26 @@ def _shard_features(
     real = columns["attention_mask"].bool()
     length = int(real.any(dim=0).nonzero().max()) + 1 if real.any() else 1
     columns = {name: value[:, :length] for name, value in columns.items()}
-    hidden: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
-    for start in range(0, len(columns["input_ids"]), batch_size):
-        ids = columns["input_ids"][start : start + batch_size].long().to(device)
-        mask = columns["attention_mask"][start : start + batch_size].long().to(device)
+    # Rows go through the base in batches of similar length, each cut to its longest row (right padding: no real
+    # position sees a padded one), and are put back in order padded with zeros.
+    lengths = real.sum(dim=1)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    rows_count, hidden_size = len(order), int(base.config.hidden_size)
+    hidden = {layer: torch.zeros(rows_count, length, hidden_size, dtype=torch.bfloat16) for layer in layers}
+    for start in range(0, rows_count, batch_size):
+        chosen = order[start : start + batch_size]
+        width = max(int(lengths[chosen].max()), 1)
+        ids = columns["input_ids"][chosen, :width].long().to(device)
+        mask = columns["attention_mask"][chosen, :width].long().to(device)
         out = base(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1)
         for layer in layers:
-            hidden[layer].append(out.hidden_states[layer].to(torch.bfloat16).cpu())
+            hidden[layer][chosen, :width] = out.hidden_states[layer].to(torch.bfloat16).cpu()
     tensors = {
         "input_ids": columns["input_ids"].to(torch.int32).contiguous(),
         "attention_mask": columns["attention_mask"].to(torch.int8).contiguous(),
         "loss_mask": columns["loss_mask"].to(torch.int8).contiguous(),
     }
-    tensors.update({f"hidden.{layer}": torch.cat(parts).contiguous() for layer, parts in hidden.items()})
+    tensors.update({f"hidden.{layer}": values for layer, values in hidden.items()})
     return tensors
 
 

@@ -39,12 +39,12 @@ from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from specheads.heads.checkpoint import CONFIG_NAME, atomic_write
+from specheads.heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, atomic_write
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.methods.registry import HEAD_TYPES, HeadType
 from specheads.training.config import ConfigError, RecipeConfig
 from specheads.training.data import build_dataset
-from specheads.training.evaluate import heldout_lm_loss
+from specheads.training.evaluate import heldout_lm_loss, simulated_tau
 from specheads.training.features import CachedFeatures, collate_padded, rows_fingerprint, write_feature_cache
 
 CHECKPOINTS = "checkpoints"
@@ -52,6 +52,9 @@ RUN_CONFIG = "run_config.json"
 TRAINER_STATE = "trainer_state.json"
 FINAL_STATE = "final_state.json"
 HEADS = "heads"
+EVALS = "evals.jsonl"  # one line per held-out evaluation
+BEST = "best"  # output.select=best: the heads of the best evaluation so far
+BEST_RECORD = "best.json"
 TRAINING_LENGTH = ("steps", "epochs")  # train.* keys that say how long a run is, not what it is
 
 
@@ -198,6 +201,9 @@ def setup(config: RecipeConfig) -> Run:
         head_type,
     )
     _resume(run)
+    if run.step == 0 and accelerator.is_main_process:  # a fresh start: no evaluation of an earlier run counts
+        shutil.rmtree(output / BEST, ignore_errors=True)
+        (output / EVALS).unlink(missing_ok=True)
     return run
 
 
@@ -470,6 +476,8 @@ def train_loop(run: Run) -> None:
                 accelerator.log(metrics, step=run.step)
             out_of_time = _agree_on_stop(run, out_of_time=_out_of_time(run, started))
             stopping = out_of_time or run.stop_signal is not None or run.step >= run.total_steps
+            if config.log.eval_every and run.step % config.log.eval_every == 0 and run.step < run.total_steps:
+                periodic_evaluation(run)
             if stopping or (config.output.save_every and run.step % config.output.save_every == 0):
                 save_checkpoint(run)
             if stopping:
@@ -700,11 +708,32 @@ def cleanup(run: Run) -> Path:
         _write_json(target / "recipe.json", run.config.to_dict())
         evaluation = evaluate(run, accelerator.unwrap_model(run.heads))
         if evaluation is not None:
+            record = _evaluation_record(run, evaluation)
+            with (run.output / EVALS).open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+            if run.config.output.select == "best" and not _better_than_best(run, record):
+                best = run.output / BEST
+                kept = json.loads((best / BEST_RECORD).read_text())
+                accelerator.print(
+                    f"output.select=best: the heads of step {kept['step']} ({run.config.output.select_by} "
+                    f"{_score(run, kept):.3f}) beat the last step's ({_score(run, record):.3f}); exporting them"
+                )
+                for name in (WEIGHTS_NAME, CONFIG_NAME):
+                    atomic_write(target / name, lambda path, source=best / name: shutil.copyfile(source, path))
+                evaluation, record = json.loads((best / "eval.json").read_text()), kept
+            evaluation["selected"] = {"step": record["step"], "rule": run.config.output.select}
+            if run.config.output.select == "best":
+                evaluation["selected"]["by"] = run.config.output.select_by
             _write_json(target / "eval.json", evaluation)
             accelerator.print(
                 "held-out agreement with the base's greedy token by head: "
                 + ", ".join(f"{a:.3f}" for a in evaluation["agreement_with_base_greedy"])
             )
+            if "simulated_tau" in evaluation:
+                accelerator.print(
+                    "simulated tau (held-out agreement through the tree cost model): "
+                    + ", ".join(f"{name} {tau:.2f}" for name, tau in evaluation["simulated_tau"].items())
+                )
             accelerator.log(
                 {f"eval/head_{k}/agreement": a for k, a in enumerate(evaluation["agreement_with_base_greedy"])},
                 step=run.step,
@@ -743,6 +772,66 @@ def _release_wrappers(run: Run) -> None:
     run.accelerator.wait_for_everyone()
 
 
+def periodic_evaluation(run: Run) -> dict[str, Any] | None:
+    """Evaluate the heads now (main process; the others wait), append the result to ``evals.jsonl``, log it and, with
+    ``output.select=best``, keep these heads in ``best/`` when they beat every earlier evaluation."""
+    accelerator = run.accelerator
+    result = None
+    if accelerator.is_main_process:
+        heads = accelerator.unwrap_model(run.heads)
+        result = evaluate(run, heads)
+        if result is not None:
+            record = _evaluation_record(run, result)
+            with (run.output / EVALS).open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+            accelerator.log(_evaluation_metrics(record), step=run.step)
+            if run.config.output.select == "best" and _better_than_best(run, record):
+                _keep_best(run, heads, result, record)
+    accelerator.wait_for_everyone()
+    return result
+
+
+def _evaluation_record(run: Run, result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "step": run.step,
+        "epoch": round(run.batches_seen / run.batches_per_epoch, 3),
+        "tokens_seen": run.tokens_seen + run.pending[0] * run.accelerator.num_processes,
+        "agreement_with_base_greedy": result["agreement_with_base_greedy"],
+        "simulated_tau": result.get("simulated_tau"),
+    }
+
+
+def _evaluation_metrics(record: dict[str, Any]) -> dict[str, float]:
+    metrics = {f"eval/head_{k}/agreement": a for k, a in enumerate(record["agreement_with_base_greedy"])}
+    metrics.update({f"eval/tau_{name}": tau for name, tau in (record.get("simulated_tau") or {}).items()})
+    return metrics
+
+
+def _score(run: Run, record: dict[str, Any]) -> float:
+    tau = record.get("simulated_tau") or {}
+    return float(tau.get(run.config.output.select_by, -1.0))
+
+
+def _better_than_best(run: Run, record: dict[str, Any]) -> bool:
+    best = run.output / BEST / BEST_RECORD
+    return not best.is_file() or _score(run, record) > _score(run, json.loads(best.read_text()))
+
+
+def _keep_best(run: Run, heads: torch.nn.Module, result: dict[str, Any], record: dict[str, Any]) -> None:
+    """Save ``heads`` as ``best/`` whole or not at all (a temporary folder renamed over the old one)."""
+    target, staging = run.output / BEST, run.output / f".tmp-{BEST}"
+    shutil.rmtree(staging, ignore_errors=True)
+    heads.save_pretrained(staging)
+    _write_json(staging / "eval.json", result)
+    _write_json(staging / BEST_RECORD, record)
+    previous = run.output / f".old-{BEST}"
+    shutil.rmtree(previous, ignore_errors=True)
+    if target.exists():
+        os.replace(target, previous)
+    os.replace(staging, target)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
 def evaluate(run: Run, heads: torch.nn.Module) -> dict[str, Any] | None:
     """Held-out head agreement (``data.eval_paths`` or the ``data.heldout_fraction`` split); None without either."""
     config = run.config.data
@@ -773,6 +862,8 @@ def evaluate(run: Run, heads: torch.nn.Module) -> dict[str, Any] | None:
     base.eval()
     run.accelerator.print(f"held-out evaluation: {total} batches of {run.config.train.batch_size} rows")
     result = run.head_type.evaluate_fn()(base, heads, batches(), max_batches=config.eval_batches)
+    if "agreement_by_rank" in result:
+        result["simulated_tau"] = simulated_tau(result["agreement_by_rank"])
     if run.config.lora.enabled:  # what Medusa-2 costs the base: held-out loss with and without the adapter
         result["base_heldout_loss_fine_tuned"] = heldout_lm_loss(base, batches("base loss"), config.eval_batches)
         with base.disable_adapter():

@@ -430,3 +430,44 @@ def test_length_grouped_batches_hold_rows_of_similar_length_and_replay_per_epoch
     assert list(sampler) != order
     starts = [lengths[batch[0]] for batch in batches]
     assert starts != sorted(starts, reverse=True)  # batches are shuffled, not served longest first
+
+
+def test_simulated_tau_by_hand() -> None:
+    from specheads.training.evaluate import simulated_tau
+
+    by_rank = [[0.5, 0.2], [0.4, 0.1], [0.5, 0.0]]
+    tau = simulated_tau(by_rank, chain=3, trees=(1, 3))
+    assert tau["chain-3"] == pytest.approx(1 + 0.5 + 0.5 * 0.4 + 0.5 * 0.4 * 0.5)
+    assert tau["tree-1"] == pytest.approx(1.5)
+    # the greedy tree: (0) 0.5, then (0, 0) 0.2 and (1) 0.2 tie, the heap takes the shorter path's tuple first
+    assert tau["tree-3"] == pytest.approx(1 + 0.5 + 0.2 + 0.2)
+
+
+def test_periodic_evaluation_logs_every_n_steps_and_best_selection_exports_the_best(workspace, tmp_path) -> None:
+    extra = {
+        "train.steps": 12,
+        "train.lr": 0.05,  # a rate high enough for held-out agreement to move between evaluations
+        "data.eval_paths": f"[{workspace / 'data'}]",
+        "data.eval_batches": 2,
+        "log.eval_every": 4,
+        "output.select": "best",
+        "output.select_by": "chain-3",
+    }
+    heads_dir = train(load_config(None, _overrides(workspace, tmp_path / "best", **extra)))
+    evals = [json.loads(line) for line in (tmp_path / "best" / "evals.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in evals] == [4, 8, 12]
+    assert evals[0]["tokens_seen"] < evals[1]["tokens_seen"] < evals[2]["tokens_seen"]
+    scores = [record["simulated_tau"]["chain-3"] for record in evals]
+    assert all(score >= 1.0 for score in scores)
+    evaluation = json.loads((heads_dir / "eval.json").read_text())
+    best_step = evals[scores.index(max(scores))]["step"]
+    assert evaluation["selected"] == {"step": best_step, "rule": "best", "by": "chain-3"}
+    assert evaluation["simulated_tau"]["chain-3"] == max(scores)
+    if best_step != 12:  # the exported heads are the kept ones, not the last step's
+        kept = heads_state(tmp_path / "best" / "best")
+        assert all(torch.equal(kept[name], value) for name, value in heads_state(heads_dir).items())
+
+
+def test_best_selection_needs_heldout_data(workspace, tmp_path) -> None:
+    with pytest.raises(ConfigError, match="need held-out data"):
+        load_config(None, _overrides(workspace, tmp_path / "x", **{"output.select": "best"}))

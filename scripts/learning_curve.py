@@ -1,0 +1,161 @@
+"""The learning curve of a recipe: held-out agreement and simulated tau against unique training tokens and epochs.
+
+    python scripts/learning_curve.py --config configs/smollm2-135m/eagle3.yaml --records 600,1500,3000,6000 \\
+        --epochs 3 --out runs/smollm2-135m-curve [key=value overrides]
+
+For each ``--records`` N the recipe trains on the first N records of its training split (``data.limit``; the
+held-out split is the same for every point) for ``--epochs`` epochs, evaluating held-out agreement after every
+epoch (``log.eval_every`` = one epoch of steps). Each point is a resumable run in ``OUT/records-N``: run the same
+command again after any stop and finished points are read, not retrained. Writes ``curve.json`` (every
+evaluation), ``curve.md`` (the table) and ``curve.png`` (depth-1 agreement and simulated tau against unique
+tokens, one line per epoch).
+
+Unique tokens are the real tokens of the training rows (prompt and answer, after truncation to ``data.max_length``);
+tokens seen are unique tokens times epochs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specheads.loading import load_tokenizer
+from specheads.training.config import RecipeConfig, load_config
+from specheads.training.data import build_dataset
+from specheads.training.trainer import EVALS, expand_data_paths, train
+
+
+def point_config(args: argparse.Namespace, records: int, steps_per_epoch: int | None = None) -> RecipeConfig:
+    overrides = [
+        f"data.limit={records}",
+        "train.steps=null",
+        f"train.epochs={args.epochs}",
+        f"output.dir={Path(args.out) / f'records-{records}'}",
+        *args.overrides,
+    ]
+    if steps_per_epoch is not None:
+        overrides.append(f"log.eval_every={steps_per_epoch}")
+    return load_config(args.config, overrides)
+
+
+def training_rows(config: RecipeConfig) -> tuple[int, int, int]:
+    """Rows, unique real tokens and unique target tokens of a recipe's training split."""
+    data = dataclasses.replace(config.data, paths=expand_data_paths(config.data.paths))
+    rows = build_dataset(data, load_tokenizer(config.model.tokenizer or config.model.base)).with_format("torch")
+    tokens = targets = 0
+    for start in range(0, len(rows), 1024):
+        chunk = rows[start : start + 1024]
+        tokens += int(chunk["attention_mask"].sum())
+        targets += int((chunk["attention_mask"] * chunk["loss_mask"]).sum())
+    return len(rows), tokens, targets
+
+
+def run_point(args: argparse.Namespace, records: int) -> list[dict[str, Any]]:
+    """Train (or resume, or read) one point; its evaluations, one per epoch."""
+    config = point_config(args, records)
+    rows, tokens, targets = training_rows(config)
+    per_process = config.train.batch_size * config.train.grad_accumulation
+    steps_per_epoch = max(1, rows // per_process)
+    config = point_config(args, records, steps_per_epoch)
+    train(config)
+    lines = (Path(config.output.dir) / EVALS).read_text().splitlines()
+    evaluations = {}
+    for line in lines:  # a step evaluated twice (a run stopped between evaluation and checkpoint) counts once
+        record = json.loads(line)
+        evaluations[record["step"]] = record
+    return [
+        {
+            "records": records,
+            "rows": rows,
+            "unique_tokens": tokens,
+            "unique_targets": targets,
+            "epoch": round(record["step"] / steps_per_epoch, 2),
+            "step": record["step"],
+            "tokens_seen": record["tokens_seen"],
+            "agreement": record["agreement_with_base_greedy"],
+            "simulated_tau": record["simulated_tau"],
+        }
+        for record in sorted(evaluations.values(), key=lambda r: r["step"])
+    ]
+
+
+def table(points: list[dict[str, Any]]) -> str:
+    lines = [
+        "| records | unique tokens | epoch | tokens seen | agreement by depth 1-5 | chain-3 tau | tree-6 tau "
+        "| tree-16 tau |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for point in points:
+        agreement = " ".join(f"{a:.3f}" for a in point["agreement"])
+        tau = point["simulated_tau"]
+        lines.append(
+            f"| {point['records']:,} | {point['unique_tokens'] / 1e6:.2f}M | {point['epoch']:g} | "
+            f"{point['tokens_seen'] / 1e6:.2f}M | {agreement} | {tau['chain-3']:.2f} | {tau['tree-6']:.2f} | "
+            f"{tau['tree-16']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    epochs = sorted({round(point["epoch"]) for point in points})
+    for epoch in epochs:
+        chosen = sorted((p for p in points if round(p["epoch"]) == epoch), key=lambda p: p["unique_tokens"])
+        x = [p["unique_tokens"] / 1e6 for p in chosen]
+        left.plot(x, [p["agreement"][0] for p in chosen], marker="o", label=f"epoch {epoch}")
+        right.plot(x, [p["simulated_tau"]["tree-6"] for p in chosen], marker="o", label=f"tree-6, epoch {epoch}")
+        right.plot(
+            x,
+            [p["simulated_tau"]["chain-3"] for p in chosen],
+            marker="x",
+            linestyle="--",
+            label=f"chain-3, epoch {epoch}",
+        )
+    for axis, label in ((left, "held-out depth-1 agreement"), (right, "simulated tau")):
+        axis.set_xscale("log")
+        axis.set_xlabel("unique training tokens (millions)")
+        axis.set_ylabel(label)
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="the recipe (default: none, the overrides alone)")
+    parser.add_argument("--records", required=True, help="comma-separated record counts, one point each")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("overrides", nargs="*", help="key=value recipe overrides for every point")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    points = []
+    for records in (int(value) for value in args.records.split(",")):
+        points += run_point(args, records)
+        (out / "curve.json").write_text(json.dumps({"config": args.config, "points": points}, indent=2) + "\n")
+    (out / "curve.md").write_text(table(points))
+    name = Path(args.config).name if args.config else "recipe"
+    plot(points, out / "curve.png", f"{name}: held-out agreement and simulated tau")
+    print(table(points))
+    return points
+
+
+if __name__ == "__main__":
+    main()

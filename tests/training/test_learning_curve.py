@@ -1,0 +1,44 @@
+"""scripts/learning_curve.py on a tiny run: points per record count, an evaluation per epoch, the table and plot."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from helpers import tiny_model, tiny_tokenizer
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "learning_curve.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("learning_curve", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_curve_trains_each_point_evaluates_each_epoch_and_resumes(tmp_path, capsys) -> None:
+    tiny_model("llama", seed=1, layers=2).save_pretrained(tmp_path / "base")
+    tiny_tokenizer().save_pretrained(tmp_path / "base")
+    lines = [json.dumps({"text": f"def f{i}(x):\n    return x * {i} + {i * i}\n" * 3}) for i in range(80)]
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
+    overrides = [
+        f"model.base={tmp_path / 'base'}", f"data.paths=[{tmp_path / 'data.jsonl'}]", "data.format=jsonl",
+        "data.packing=false", "data.max_length=48", "data.heldout_fraction=0.2", "data.eval_batches=2",
+        "heads.type=medusa", "heads.num_heads=2", "train.batch_size=4", "train.lr=0.01", "output.save_every=0",
+    ]  # fmt: skip
+    args = ["--records", "8,24", "--epochs", "2", "--out", str(tmp_path / "curve"), *overrides]
+    points = load_script().main(args)
+    assert [(p["records"], p["epoch"]) for p in points] == [(8, 1), (8, 2), (24, 1), (24, 2)]
+    assert points[0]["rows"] == 8 and points[2]["rows"] == 24
+    assert points[2]["unique_tokens"] > 2 * points[0]["unique_tokens"]
+    assert points[1]["tokens_seen"] > points[0]["tokens_seen"]
+    assert all(p["simulated_tau"]["chain-3"] >= 1.0 and len(p["agreement"]) == 2 for p in points)
+    curve = tmp_path / "curve"
+    assert (curve / "curve.png").stat().st_size > 10_000
+    assert (curve / "curve.md").read_text().count("\n") == 2 + len(points)
+    # A second run reads the finished points instead of training them again.
+    before = (curve / "records-8" / "heads" / "model.safetensors").stat().st_mtime_ns
+    assert load_script().main(args) == points
+    assert (curve / "records-8" / "heads" / "model.safetensors").stat().st_mtime_ns == before
