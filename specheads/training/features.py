@@ -10,11 +10,15 @@ the shard.
 Layout of ``DIR``::
 
     index.json              base fingerprint, layer ids, data fingerprint, rows, rows_per_shard, hidden size
+    rows.json               a short sha256 of every row's ids and masks, in order
     shard-00000.safetensors input_ids int32 [n, T], attention_mask / loss_mask int8 [n, T],
                             hidden.<layer> bf16 [n, T, H] for each cached layer (the last one is the final state)
 
 Writing is resumable: every shard is written under a temporary name and renamed (an existing shard is complete),
-and a cache whose ``index.json`` names another base, other layers or other data is refused rather than mixed.
+and a cache whose ``index.json`` names another base, other layers or other data is refused rather than mixed. A
+cache whose first rows are this data's rows (``rows.json`` holds a digest of every row: the data of a run on
+``data.limit`` records of the data the cache was written for) serves them without writing anything, so the points
+of a learning curve share one cache.
 Reading is by memory-mapped safetensors; a row is returned cut to its real length and batches are right-padded by
 :func:`collate_padded`.
 """
@@ -36,6 +40,7 @@ from tqdm.auto import tqdm
 from specheads.heads.checkpoint import atomic_write, fingerprint
 
 INDEX = "index.json"
+ROWS = "rows.json"  # the digest of every cached row, in order
 ROWS_PER_SHARD = 64
 _ROW_COLUMNS = ("input_ids", "attention_mask", "loss_mask")
 
@@ -52,6 +57,21 @@ def rows_fingerprint(dataset: Any, chunk: int = 1024) -> str:
         for name in _ROW_COLUMNS:
             digest.update(torch.as_tensor(rows[name]).to(torch.int32).numpy().tobytes())
     return digest.hexdigest()
+
+
+def row_digests(dataset: Any, chunk: int = 1024) -> list[str]:
+    """A short sha256 of every row's ids and masks, in order: which rows a cache holds, so that a cache of more rows
+    can serve data whose rows are its first ones (a run on ``data.limit`` records of the same data)."""
+    digests = []
+    for start in range(0, len(dataset), chunk):
+        rows = dataset[start : start + chunk]
+        columns = [torch.as_tensor(rows[name]).to(torch.int32) for name in _ROW_COLUMNS]
+        for index in range(len(columns[0])):
+            digest = hashlib.sha256()
+            for column in columns:
+                digest.update(column[index].numpy().tobytes())
+            digests.append(digest.hexdigest()[:16])
+    return digests
 
 
 def cache_identity(base: torch.nn.Module, layers: Sequence[int], data_fingerprint: str, rows: int) -> dict[str, Any]:
@@ -92,7 +112,11 @@ def write_feature_cache(
     final_layer = int(base.config.num_hidden_layers)
     layers = sorted({*(int(layer) for layer in layers), final_layer})
     identity = {**cache_identity(base, layers, data_fingerprint, len(dataset)), "rows_per_shard": rows_per_shard}
-    identity = _check_or_write_index(directory, identity)
+    digests = row_digests(dataset)
+    identity = _check_or_write_index(directory, identity, digests)
+    if identity["rows"] > len(dataset):  # a cache of more rows, ours first: read it, never write into it
+        CachedFeatures(directory, rows=len(dataset))  # raises when shards of our rows are missing
+        return directory
     layers = identity["layers"]
     shards = math.ceil(len(dataset) / rows_per_shard)
     todo = [shard for shard in range(shards) if not _shard_path(directory, shard).is_file()]
@@ -117,13 +141,16 @@ def _shard_path(directory: Path, shard: int) -> Path:
     return directory / f"shard-{shard:05d}.safetensors"
 
 
-def _check_or_write_index(directory: Path, identity: dict[str, Any]) -> dict[str, Any]:
-    """The cache's identity: the recorded one when it matches (a cache of more layers serves fewer), else written."""
+def _check_or_write_index(directory: Path, identity: dict[str, Any], digests: list[str]) -> dict[str, Any]:
+    """The cache's identity: the recorded one when it matches (a cache of more layers serves fewer, a cache of more
+    rows whose first rows are these serves them), else written."""
     path = directory / INDEX
     if path.is_file():
         recorded = json.loads(path.read_text())
         if set(identity["layers"]) <= set(recorded.get("layers", [])):
             identity = {**identity, "layers": recorded["layers"]}
+        if recorded.get("rows", 0) > identity["rows"] and _recorded_digests(directory)[: len(digests)] == digests:
+            identity = {**identity, "rows": recorded["rows"], "data_fingerprint": recorded["data_fingerprint"]}
         if recorded != identity:
             differing = sorted(key for key in identity if recorded.get(key) != identity[key])
             raise FeatureCacheError(
@@ -132,8 +159,14 @@ def _check_or_write_index(directory: Path, identity: dict[str, Any]) -> dict[str
             )
         return identity
     directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(directory / ROWS, lambda target: target.write_text(json.dumps(digests) + "\n"))
     atomic_write(path, lambda target: target.write_text(json.dumps(identity, indent=2) + "\n"))
     return identity
+
+
+def _recorded_digests(directory: Path) -> list[str]:
+    path = directory / ROWS
+    return json.loads(path.read_text()) if path.is_file() else []
 
 
 @torch.inference_mode()
@@ -169,14 +202,15 @@ def _shard_features(
 
 class CachedFeatures(torch.utils.data.Dataset):
     """The rows of a feature cache: ``input_ids``, ``attention_mask``, ``loss_mask`` and ``hidden.<layer>``, each
-    cut to the row's real length (batch them with :func:`collate_padded`)."""
+    cut to the row's real length (batch them with :func:`collate_padded`); ``rows``: only the first ones."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, rows: int | None = None) -> None:
         self.directory = Path(directory)
         index = self.directory / INDEX
         if not index.is_file():
             raise FeatureCacheError(f"{self.directory} is not a feature cache (no {INDEX})")
         self.identity = json.loads(index.read_text())
+        self.rows = int(self.identity["rows"]) if rows is None else min(int(rows), int(self.identity["rows"]))
         self.rows_per_shard = int(self.identity["rows_per_shard"])
         self.layers = [int(layer) for layer in self.identity["layers"]]
         self._handles: dict[int, Any] = {}
@@ -186,10 +220,13 @@ class CachedFeatures(torch.utils.data.Dataset):
             if not _shard_path(self.directory, shard).is_file()
         ]
         if missing:
-            raise FeatureCacheError(f"{self.directory} misses {len(missing)} shards (first: {missing[0]}); rewrite it")
+            raise FeatureCacheError(
+                f"{self.directory} misses {len(missing)} shards (first: {missing[0]}); finish writing it (train on "
+                "the data it was written for)"
+            )
 
     def __len__(self) -> int:
-        return int(self.identity["rows"])
+        return self.rows
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         shard, row = divmod(int(index), self.rows_per_shard)

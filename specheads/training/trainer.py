@@ -220,7 +220,7 @@ def _cached_features(
         accelerator.print(f"feature cache: {directory} (base hidden states {sorted({*layers})} and the final one)")
         write_feature_cache(base, dataset, layers, directory, rows_fingerprint(dataset), config.train.batch_size)
     accelerator.wait_for_everyone()
-    return CachedFeatures(directory)
+    return CachedFeatures(directory, rows=len(dataset))
 
 
 def row_lengths(dataset: Any, chunk: int = 4096) -> list[int]:

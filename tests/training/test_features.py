@@ -122,3 +122,28 @@ def load_heads_state(path) -> dict[str, torch.Tensor]:  # noqa: ANN001
     from specheads.heads import load_heads
 
     return load_heads(path).state_dict()
+
+
+def test_a_cache_of_more_rows_serves_data_that_is_its_first_rows_and_nothing_else(tmp_path, monkeypatch) -> None:
+    base = tiny_model("llama", seed=1, layers=4)
+    rows = _rows(count=12)
+    write_feature_cache(base, rows, LAYERS, tmp_path, rows_fingerprint(rows), rows_per_shard=4, progress=False)
+    prefix = rows.select(range(7))
+    calls = []
+    forward = base.forward
+    monkeypatch.setattr(base, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    write_feature_cache(base, prefix, LAYERS, tmp_path, rows_fingerprint(prefix), rows_per_shard=4, progress=False)
+    assert calls == []  # served, not written
+    served = CachedFeatures(tmp_path, rows=len(prefix))
+    assert len(served) == 7
+    for index in (0, 6):
+        assert torch.equal(
+            served[index]["input_ids"].long(), prefix[index]["input_ids"][: len(served[index]["input_ids"])]
+        )
+    other = rows.select([0, 2, 1])  # the same rows in another order are other data
+    with pytest.raises(FeatureCacheError, match="data_fingerprint"):
+        write_feature_cache(base, other, LAYERS, tmp_path, rows_fingerprint(other), rows_per_shard=4)
+    (tmp_path / "shard-00001.safetensors").unlink()
+    with pytest.raises(FeatureCacheError, match="misses 1 shards"):
+        write_feature_cache(base, prefix, LAYERS, tmp_path, rows_fingerprint(prefix), rows_per_shard=4)
+    assert calls == []  # a prefix never writes into the cache of the whole data
