@@ -615,6 +615,12 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=48, help="held-out prompt length for the timed decodes")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per timed decode")
     _add_machine(parser, device_help="where to measure: cpu, cuda, cuda:1, ... (tree='auto' is per machine)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="with --config: the recipe overrides the heads were trained with",
+    )
     parser.set_defaults(handler=_calibrate)
 
 
@@ -630,7 +636,11 @@ def _calibrate(args: argparse.Namespace) -> int:
             "the shipped default heads are calibrated when shipped and their files are hash-checked; copy "
             "specheads/assets/default/eagle3 to a folder and calibrate that copy"
         )
-    base_name, dataset = heldout_rows(args.config, args.base, args.data, args.format, args.max_length)
+    if args.overrides and args.config is None:
+        raise ValueError("key=value overrides apply to a recipe: give --config")
+    base_name, dataset = heldout_rows(
+        args.config, args.base, args.data, args.format, args.max_length, overrides=args.overrides
+    )
     base = load_causal_lm(base_name, dtype=args.dtype, device=args.device)
     heads = load_heads(args.heads, base)
     result = calibrate(

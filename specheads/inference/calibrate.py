@@ -424,10 +424,12 @@ def heldout_rows(
     data: list[str],
     data_format: str | None = None,
     max_length: int | None = None,
+    overrides: Sequence[str] = (),
 ) -> tuple[str, Any]:
-    """``(base name, tokenised rows)`` to calibrate on: with a recipe (``config_path``), its held-out data
-    (``data.eval_paths``, else its ``heldout_fraction`` split; ``data`` replaces them) with its format and length;
-    without one, ``data`` (default with ``base="default"``: the default corpus's held-out files).
+    """``(base name, tokenised rows)`` to calibrate on: with a recipe (``config_path``, with the ``key=value``
+    ``overrides`` the heads were trained with), its held-out data (``data.eval_paths``, else its ``heldout_fraction``
+    split; ``data`` replaces them) with its format and length; without one, ``data`` (default with
+    ``base="default"``: the default corpus's held-out files).
 
     Raises:
         ValueError: no base, or no held-out data to name.
@@ -440,7 +442,7 @@ def heldout_rows(
     from specheads.training.trainer import expand_data_paths
 
     if config_path is not None:
-        recipe = load_config(config_path)
+        recipe = load_config(config_path, list(overrides))
         base = base or recipe.model.base
         section = recipe.data
         if data:
