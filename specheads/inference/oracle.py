@@ -38,6 +38,42 @@ def two_token_distribution(model: PreTrainedModel, prompt: torch.Tensor, samplin
     return (first[:, None] * next_probs(followers)).cpu()  # every first token at once: [V, V]
 
 
+def token_distribution(
+    model: PreTrainedModel, prompt: torch.Tensor, sampling: SamplingParams, count: int = 3
+) -> torch.Tensor:
+    """``[V] * count``: the probability that the base samples ``t1, ..., t_count`` after ``prompt`` (``[1, T]``),
+    warped as :func:`two_token_distribution` warps (every prefix of the vocabulary enumerated: tiny vocabularies)."""
+    warpers = [TemperatureLogitsWarper(sampling.temperature)]
+    if sampling.top_k:
+        warpers.append(TopKLogitsWarper(sampling.top_k))
+    if sampling.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(sampling.top_p))
+    prompt = prompt.to(model.device)
+    joint = torch.ones(())
+    prefixes = prompt
+    for _ in range(count):
+        scores = model(prefixes).logits[:, -1, :].float()
+        for warper in warpers:
+            scores = warper(prefixes, scores)
+        probs = scores.softmax(dim=-1).cpu()  # [V ** depth, V]
+        vocab = probs.shape[1]
+        joint = (joint.reshape(-1, 1) * probs).reshape(*joint.shape, vocab)
+        rows = prefixes.shape[0]
+        prefixes = torch.cat(
+            [prefixes.repeat_interleave(vocab, dim=0), torch.arange(vocab, device=prompt.device).repeat(rows)[:, None]],
+            dim=1,
+        )
+    return joint
+
+
+def sequence_counts(outputs: list[list[int]], vocab: int, count: int = 3) -> torch.Tensor:
+    """``[V] * count`` counts of the first ``count`` tokens of each output."""
+    counts = torch.zeros((vocab,) * count)
+    for tokens in outputs:
+        counts[tuple(tokens[:count])] += 1
+    return counts
+
+
 def chi_square_p(counts: torch.Tensor, probabilities: torch.Tensor, minimum: float = 5.0) -> float:
     """The chi-square p-value of ``counts`` against ``probabilities`` (same shape, any), with the cells whose
     expectation is below ``minimum`` pooled into one so that the approximation holds; impossible cells must be

@@ -28,7 +28,7 @@ def _require(module: str):  # noqa: ANN202
     except ImportError as error:
         if os.environ.get("SPECHEADS_REQUIRE_SPECULATORS") == "1":
             pytest.fail(f"{module} is required here (SPECHEADS_REQUIRE_SPECULATORS=1) but cannot be imported: {error}")
-        pytest.skip(f"{module} is not installed ({error}); install it with: {INSTALL}")
+        pytest.skip(f"needs {module} ({error}); install it with: {INSTALL}")
 
 
 def _head(base, variant: str) -> DFlashHead:  # noqa: ANN001

@@ -4,6 +4,8 @@ and speculative setup make, bad input refused with nothing written, and, where l
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -13,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-gguf = pytest.importorskip("gguf")
+gguf = importlib.import_module("gguf") if importlib.util.find_spec("gguf") is not None else None
+pytestmark = pytest.mark.skipif(gguf is None, reason="needs pip install -e '.[gguf]' (the gguf package)")
 
 from specheads import assets, load_heads  # noqa: E402
 from specheads.cli import main  # noqa: E402

@@ -28,7 +28,7 @@ def _speculators():
             pytest.fail(
                 f"speculators is required here (SPECHEADS_REQUIRE_SPECULATORS=1) but cannot be imported: {error}"
             )
-        pytest.skip(f"speculators is not installed ({error}); install it with: {INSTALL}")
+        pytest.skip(f"needs speculators ({error}); install it with: {INSTALL}")
     return speculators
 
 

@@ -369,7 +369,7 @@ def test_chi_square_check_detects_a_lossy_rule() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 @pytest.mark.parametrize(
     ("rule", "sampling", "with_q"),
     [

@@ -17,7 +17,7 @@ from specheads import SpecDecoder
 from specheads.heads import MedusaHeads
 from specheads.inference import kv_cache
 from specheads.inference.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
-from specheads.inference.oracle import chi_square_p, pair_counts, two_token_distribution
+from specheads.inference.oracle import chi_square_p, sequence_counts, token_distribution
 from specheads.inference.sampling import SamplingParams
 from specheads.inference.state import Proposal
 from specheads.inference.trees import resolve_tree
@@ -191,7 +191,9 @@ PROMPT = [3, 5, 7]
 
 
 def _joint(base, temperature: float) -> torch.Tensor:
-    return two_token_distribution(base, torch.tensor([PROMPT]), SamplingParams(temperature))
+    """The base's exact distribution of its first three sampled tokens after PROMPT."""
+    with torch.no_grad():
+        return token_distribution(base, torch.tensor([PROMPT]), SamplingParams(temperature), 3)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -199,14 +201,14 @@ def _joint(base, temperature: float) -> torch.Tensor:
 def test_rejection_sampling_per_row_matches_the_base_next_to_other_rows(temperature: float) -> None:
     base = tiny_model("llama", seed=3, vocab_size=SMALL, hidden=16, layers=1, logit_scale=30)
     draft = tiny_model("llama", seed=4, vocab_size=SMALL, hidden=16, layers=1, logit_scale=15)
-    samples = 2400
+    samples = 3000
     neighbours = [[4], [8, 2, 9, 1, 5], [6, 6]]
     prompts = [PROMPT if i % 2 == 0 else neighbours[(i // 2) % 3] for i in range(2 * samples)]
     decoder = SpecDecoder(base, DraftModelDrafter(draft, 2))
     outs = decoder.generate(
-        prompts, max_new_tokens=2, temperature=temperature, acceptance="rejection", seed=list(range(len(prompts)))
-    )
-    counts = pair_counts([out.new_tokens for out in outs[::2]], SMALL)
+        prompts, max_new_tokens=3, temperature=temperature, acceptance="rejection", seed=list(range(len(prompts)))
+    )  # three tokens: drafts at depth 2 are verified too
+    counts = sequence_counts([out.new_tokens for out in outs[::2]], SMALL, 3)
     assert chi_square_p(counts, _joint(base, temperature)) > 1e-3
 
 

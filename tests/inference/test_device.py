@@ -25,7 +25,7 @@ from specheads.methods.medusa.drafter import MedusaDrafter
 DEVICE = os.environ.get("SPECHEADS_TEST_DEVICE", "cuda")
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(), reason="no CUDA device here"),
 ]
 NEW_TOKENS = 40
 # bf16 logits are exact to about 3 significant digits: two candidates closer than this are a tie in bf16, and which

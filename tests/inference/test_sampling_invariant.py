@@ -1,9 +1,10 @@
 """The sampling invariant: with rejection sampling, speculative output is distributed exactly like the base's own.
 
-The joint distribution of the first two new tokens is computed exactly by enumeration over a tiny vocabulary (with
-transformers' own logits warpers), and compared with generated samples by a chi-square test. The models' logits are
-sharpened so that a sampler that is off (accepting too often, a wrong residual) is caught; a lossy rule run through
-the same harness is the negative control that shows the test has the power to fail.
+The joint distribution of the first three new tokens is computed exactly by enumeration over a tiny vocabulary (with
+transformers' own logits warpers), and compared with generated samples by a chi-square test: three tokens, so that
+drafts at depth 2 are verified too (what a drafter reports for them, and the bonus token after them). The models'
+logits are sharpened so that a sampler that is off (accepting too often, a wrong residual) is caught; a lossy rule
+run through the same harness is the negative control that shows the test has the power to fail.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from helpers import RandomTreeDrafter, tiny_model
 from specheads import SpecDecoder
 from specheads.heads import EagleHead
 from specheads.inference.drafters import DraftModelDrafter
-from specheads.inference.oracle import chi_square_p, pair_counts, two_token_distribution
+from specheads.inference.oracle import chi_square_p, sequence_counts, token_distribution
 from specheads.inference.sampling import SamplingParams
 from specheads.inference.trees import resolve_tree
 from specheads.methods.eagle.drafter import EagleDrafter
@@ -25,20 +26,22 @@ pytestmark = pytest.mark.slow  # Monte Carlo: thousands of seeded decodes per te
 
 VOCAB = 12
 PROMPT = torch.tensor([[3, 5, 7]])
-SAMPLES = 3000
+SAMPLES = 4000
+NEW_TOKENS = 3
 
 
 def _base_distribution(model, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Exact ``P(t1, t2)`` ``[V, V]`` of the base sampling two tokens after PROMPT."""
-    return two_token_distribution(model, PROMPT, SamplingParams(temperature, top_k, top_p))
+    """Exact ``P(t1, t2, t3)`` ``[V, V, V]`` of the base sampling three tokens after PROMPT."""
+    with torch.no_grad():
+        return token_distribution(model, PROMPT, SamplingParams(temperature, top_k, top_p), NEW_TOKENS)
 
 
 def _p_value(decoder: SpecDecoder, joint: torch.Tensor, **kwargs) -> float:
-    """SAMPLES decodes of two tokens, seeds 0..SAMPLES-1, as batched rows (a row draws what it draws alone)."""
+    """SAMPLES decodes of three tokens, seeds 0..SAMPLES-1, as batched rows (a row draws what it draws alone)."""
     outs = decoder.generate(
-        [PROMPT[0]] * SAMPLES, max_new_tokens=2, seed=list(range(SAMPLES)), batch_size=500, **kwargs
+        [PROMPT[0]] * SAMPLES, max_new_tokens=NEW_TOKENS, seed=list(range(SAMPLES)), batch_size=500, **kwargs
     )
-    return chi_square_p(pair_counts([out.new_tokens for out in outs], VOCAB), joint)
+    return chi_square_p(sequence_counts([out.new_tokens for out in outs], VOCAB, NEW_TOKENS), joint)
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +154,11 @@ def eagle_head(base):
 
 @pytest.mark.parametrize("sampling", SETTINGS[:2])
 def test_eagle_dynamic_tree_samples_the_base_distribution(base, eagle_head, sampling) -> None:
-    """Rejection over an EAGLE-2 tree: with two new tokens only depth 1 is verified, three sibling candidates."""
+    """Rejection over an EAGLE-2 tree: three sibling candidates at depth 1, their children at depth 2."""
     drafter = _CountingEagleDrafter(eagle_head)
     decoder = SpecDecoder(base, drafter)
     joint = _base_distribution(base, **sampling)
     dynamic = dict(tree="dynamic", tree_top_k=3, depth=3, total_tokens=6)
     assert _p_value(decoder, joint, acceptance="rejection", **dynamic, **sampling) > 1e-3
-    assert 0.3 * SAMPLES < drafter.accepted_drafts < 0.99 * SAMPLES  # drafts were both accepted and rejected
+    # drafts were both accepted and rejected, and depth-2 drafts were accepted too (more than one a sample)
+    assert SAMPLES < drafter.accepted_drafts < 0.99 * (NEW_TOKENS - 1) * SAMPLES

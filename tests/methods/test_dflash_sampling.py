@@ -1,6 +1,7 @@
 """Block drafters keep sampling lossless: sampled chains verified with their distributions as q, and DDTree trees
-verified as one-hot proposals, give the base's exact two-token distribution (chi-square against the enumerated
-one). The negative control verifies top-ranked tokens with the marginals as q, which is biased, and is caught."""
+verified as one-hot proposals, give the base's exact distribution of three tokens (chi-square against the enumerated
+one; three, so that depth-2 drafts are verified too). The negative control verifies top-ranked tokens with the
+marginals as q, which is biased, and is caught."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from helpers import tiny_model, train_block_head
 
 from specheads import SpecDecoder
-from specheads.inference.oracle import chi_square_p, pair_counts, two_token_distribution
+from specheads.inference.oracle import chi_square_p, sequence_counts, token_distribution
 from specheads.inference.sampling import SamplingParams, probabilities
 from specheads.methods.dflash.drafter import DFlashDrafter
 
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.slow  # Monte Carlo: thousands of seeded decodes per te
 
 VOCAB = 12
 PROMPT = torch.tensor([[3, 5, 7]])
-SAMPLES = 3000
+SAMPLES = 4000
+NEW_TOKENS = 3
 SETTINGS = [
     pytest.param(dict(temperature=1.0, top_k=0, top_p=1.0), id="T1"),
     pytest.param(dict(temperature=0.6, top_k=6, top_p=1.0), id="T0.6-topk6"),
@@ -60,9 +62,14 @@ class _MarginalsAsQ(_Counting):
 
 
 def _p_value(decoder: SpecDecoder, joint: torch.Tensor, **kwargs) -> float:
-    outs = decoder.generate([PROMPT[0]] * SAMPLES, max_new_tokens=2, seed=list(range(SAMPLES)), batch_size=500,
-                            acceptance="rejection", **kwargs)  # fmt: skip
-    return chi_square_p(pair_counts([out.new_tokens for out in outs], VOCAB), joint)
+    outs = decoder.generate([PROMPT[0]] * SAMPLES, max_new_tokens=NEW_TOKENS, seed=list(range(SAMPLES)),
+                            batch_size=500, acceptance="rejection", **kwargs)  # fmt: skip
+    return chi_square_p(sequence_counts([out.new_tokens for out in outs], VOCAB, NEW_TOKENS), joint)
+
+
+def _joint(base, sampling: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return token_distribution(base, PROMPT, SamplingParams(**sampling), NEW_TOKENS)
 
 
 @pytest.mark.parametrize("variant", ["dflash", "dspark"])
@@ -70,15 +77,16 @@ def _p_value(decoder: SpecDecoder, joint: torch.Tensor, **kwargs) -> float:
 @pytest.mark.parametrize("tree", ["chain-2", "ddtree-4"])
 def test_sampled_chains_and_one_hot_ddtrees_sample_the_base_distribution(base, heads, variant, sampling, tree) -> None:
     drafter = _Counting(heads[variant], tree=tree)
-    joint = two_token_distribution(base, PROMPT, SamplingParams(**sampling))
+    joint = _joint(base, sampling)
     assert _p_value(SpecDecoder(base, drafter), joint, **sampling) > 1e-3
-    assert 0.05 * SAMPLES < drafter.accepted_drafts < SAMPLES  # drafts were both accepted and rejected
+    # drafts were both accepted and rejected
+    assert 0.05 * SAMPLES < drafter.accepted_drafts < 0.99 * (NEW_TOKENS - 1) * SAMPLES
 
 
 def test_top_ranked_drafts_verified_with_the_marginals_as_q_are_caught_negative_control(base, heads) -> None:
     drafter = _MarginalsAsQ(heads["dflash"], tree="chain-2")
     sampling = dict(temperature=1.0, top_k=0, top_p=1.0)
-    joint = two_token_distribution(base, PROMPT, SamplingParams(**sampling))
+    joint = _joint(base, sampling)
     assert _p_value(SpecDecoder(base, drafter), joint, **sampling) < 1e-3
 
 

@@ -234,3 +234,55 @@ def test_the_evaluation_walks_the_base_path_through_chains_and_ddtrees() -> None
         hidden[0, 0] = hidden[1, 1] = 5000.0  # slot d's logits peak where column d of the lm_head does
         assert _tree_walk(head, hidden, 5, 2, path) == 2
         assert _tree_walk(head, hidden, 5, 2, [(path[0] + 1) % 96, path[1]]) == 0
+
+
+# ---------------------------------------------------------------------------------------------- losses by hand
+def _softmax(values: list[float]) -> list[float]:
+    import math
+
+    exps = [math.exp(v) for v in values]
+    return [e / sum(exps) for e in exps]
+
+
+DRAFT_LOGITS = [[1.0, 0.0, -1.0], [0.5, 2.0, 0.0]]  # one block, two depths, three tokens
+BASE_LOGITS = [[0.0, 1.0, 0.0], [2.0, 0.0, 1.0]]
+DATA_TOKENS = [2, 0]
+
+
+def _block_loss_of(variant: str, confidence: list[float] | None = None) -> torch.Tensor:
+    section = DFlashHeadsConfig(variant=variant, decay_gamma=4.0, confidence_weight=0.5)
+    loss, _ = block_losses(
+        section, None, torch.tensor([DRAFT_LOGITS]), torch.tensor([BASE_LOGITS]), torch.tensor([DATA_TOKENS]),
+        torch.ones(1, 2, dtype=torch.bool), None if confidence is None else torch.tensor([confidence]),
+    )  # fmt: skip
+    return loss
+
+
+def test_the_dflash_loss_is_the_decay_weighted_kl_to_the_base_by_hand() -> None:
+    import math
+
+    weights = [1.0, math.exp(-1 / 4)]  # exp(-(d - 1) / gamma) for d = 1, 2
+    total = 0.0
+    for weight, draft, base in zip(weights, DRAFT_LOGITS, BASE_LOGITS, strict=True):
+        q, p = _softmax(draft), _softmax(base)
+        total += weight * sum(pi * math.log(pi / qi) for pi, qi in zip(p, q, strict=True))
+    assert float(_block_loss_of("dflash")) == pytest.approx(total / sum(weights), rel=1e-5)
+
+
+def test_the_dspark_loss_is_0_1_ce_plus_0_9_l1_plus_the_confidence_bce_by_hand() -> None:
+    import math
+
+    weights = [1.0, math.exp(-1 / 4)]
+    confidence = [0.3, -0.7]
+    main = bce = 0.0
+    for depth, (weight, draft, base) in enumerate(zip(weights, DRAFT_LOGITS, BASE_LOGITS, strict=True)):
+        q, p = _softmax(draft), _softmax(base)
+        ce = -math.log(q[DATA_TOKENS[depth]])  # to the data's token
+        l1 = sum(abs(qi - pi) for qi, pi in zip(q, p, strict=True))
+        main += weight * (0.1 * ce + 0.9 * l1)
+        target = 1 - 0.5 * l1  # 1 - total variation
+        c = 1 / (1 + math.exp(-confidence[depth]))
+        bce += weight * -(target * math.log(c) + (1 - target) * math.log(1 - c))
+    expected = main / sum(weights) + 0.5 * bce / sum(weights)
+    assert float(_block_loss_of("dspark", confidence)) == pytest.approx(expected, rel=1e-5)
+    assert float(_block_loss_of("dspark")) == pytest.approx(main / sum(weights), rel=1e-5)

@@ -5,6 +5,7 @@ without a duplicate or a gap."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 import time
@@ -14,10 +15,10 @@ import pytest
 from chat_helpers import CHATML
 from helpers import tiny_tokenizer
 
-pytest.importorskip("openai")
+from specheads.cli import main
+from specheads.prompts import load_prompts
 
-from specheads.cli import main  # noqa: E402
-from specheads.prompts import load_prompts  # noqa: E402
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("openai") is None, reason="needs pip install openai")
 from specheads.training.distill import _encode, _model_input  # noqa: E402
 from specheads.training.distill_server import ServerError, distill_server, with_retries  # noqa: E402
 

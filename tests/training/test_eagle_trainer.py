@@ -223,7 +223,7 @@ def test_layer_ids_outside_the_base_are_a_clear_error_at_setup(workspace, tmp_pa
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 def test_held_out_evaluation_runs_on_the_device_with_batches_from_a_cpu_loader() -> None:
     from helpers import base_samples, tiny_model
 

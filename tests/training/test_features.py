@@ -31,7 +31,8 @@ def _rows(count: int = 10, length: int = 16, seed: int = 0) -> datasets.Dataset:
         real = 4 + (index * 5) % (length - 4)
         ids = torch.randint(0, 64, (length,), generator=generator)
         mask = (torch.arange(length) < real).to(torch.int8)
-        rows.append({"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "loss_mask": mask.tolist()})
+        targets = mask * (torch.arange(length) >= real // 2)  # a chat: the answer (second half) is the target
+        rows.append({"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "loss_mask": targets.tolist()})
     return datasets.Dataset.from_list(rows).with_format("torch")
 
 
@@ -46,6 +47,8 @@ def test_cached_rows_hold_the_base_forward_in_bf16_and_logits_come_from_the_lm_h
     length = batch["input_ids"].shape[1]
     assert length == int(reference["attention_mask"].sum(dim=1).max())
     assert torch.equal(batch["attention_mask"].long(), reference["attention_mask"][:, :length].long())
+    assert torch.equal(batch["loss_mask"].long(), reference["loss_mask"][:, :length].long())
+    assert not torch.equal(batch["loss_mask"], batch["attention_mask"])  # the fixture tells the two apart
     real = batch["attention_mask"].bool()
     assert torch.equal(batch["input_ids"][real].long(), reference["input_ids"][:, :length][real].long())
     with torch.no_grad():
@@ -109,13 +112,21 @@ def test_heads_train_from_the_cache_as_with_the_base_in_the_loop(tmp_path, head_
     if head_type == "eagle":
         common += ["heads.version=3", "heads.ttt_steps=2"]
     runs = {}
-    for name, extra in (("loop", []), ("cached", [f"data.feature_cache={tmp_path / 'features'}"])):
+    variants = (
+        ("init", ["train.lr=1e-12"]),  # the same initialisation, (as good as) untrained
+        ("loop", []),
+        ("cached", [f"data.feature_cache={tmp_path / 'features'}"]),
+    )
+    for name, extra in variants:
         config = load_config(None, [*common, f"output.dir={tmp_path / name}"] + extra)
         runs[name] = load_heads_state(train(config))
     assert (tmp_path / "features" / "index.json").is_file()
-    for key, value in runs["loop"].items():  # bf16 features move the heads a little, never far
-        assert torch.allclose(runs["cached"][key], value, rtol=0.1, atol=0.05), key
-    assert any(not torch.equal(runs["cached"][key], value) for key, value in runs["loop"].items())
+
+    def distance(a: str, b: str) -> float:
+        return sum(float((runs[a][key] - runs[b][key]).float().norm() ** 2) for key in runs[a]) ** 0.5
+
+    # bf16 features move the heads a little off the float32 run; training moved them several times further.
+    assert 0 < distance("cached", "loop") < 0.25 * distance("loop", "init")
 
 
 def load_heads_state(path) -> dict[str, torch.Tensor]:  # noqa: ANN001

@@ -1,0 +1,194 @@
+"""Mutation check: inject one plausible bug at a time into a copy of the repository, run the tests meant to catch it.
+
+    python scripts/mutation_check.py [--only NAME[,NAME...]] [--list] [--keep]
+
+Each mutation replaces one exact snippet of the package (the replacement must apply exactly once, so a refactor that
+moves the code makes the check fail loudly instead of testing nothing), then runs its tests in the copy with
+``pytest -x``. A mutation survives when those tests pass: the script exits 1 and names it. The copy holds the files
+of the working tree that git does not ignore and is installed nowhere: tests import the package from the copy's
+root (``PYTHONPATH``), with this interpreter and its packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    what: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+
+MUTATIONS = (
+    Mutation(
+        "greedy-extra-token",
+        "greedy acceptance takes one more draft token (the node's first child) after a partial accept",
+        "specheads/inference/acceptance.py",
+        "            return AcceptResult(path, wanted, [node_tokens[c] for c in path])",
+        "            if children and children[node] and path:\n"
+        "                path.append(children[node][0])\n"
+        "            return AcceptResult(path, wanted, [node_tokens[c] for c in path])",
+        ("tests/inference/test_decoder.py",),
+    ),
+    Mutation(
+        "tree-residual-unnormalised",
+        "tree rejection sampling: the residual is not renormalised after a rejected sibling",
+        "specheads/inference/acceptance.py",
+        "            residual = residual / total if total > 0 else p[node]",
+        "            residual = residual if total > 0 else p[node]",
+        ("tests/inference/test_acceptance.py", "tests/inference/test_sampling_invariant.py"),
+    ),
+    Mutation(
+        "resume-drops-optimizer-state",
+        "resume: one parameter's AdamW state is dropped after loading the checkpoint",
+        "specheads/training/trainer.py",
+        "    run.accelerator.load_state(str(checkpoint))\n",
+        "    run.accelerator.load_state(str(checkpoint))\n"
+        "    run.optimizer.optimizer.state.pop(next(iter(run.optimizer.optimizer.state)), None)\n",
+        ("tests/training/test_trainer.py::test_a_signal_finishes_the_step_checkpoints_and_resumes",),
+    ),
+    Mutation(
+        "export-fc-unpermuted",
+        "the eagle3/speculators export sorts the layer ids but leaves fc's column blocks in training order",
+        "specheads/methods/eagle/export.py",
+        '    state["fc.weight"] = torch.cat([blocks[i] for i in order], dim=1)',
+        '    state["fc.weight"] = torch.cat(list(blocks), dim=1)',
+        ("tests/export/test_speculators_consumer.py",),
+        (("SPECHEADS_REQUIRE_SPECULATORS", "1"),),
+    ),
+    Mutation(
+        "draft-model-depth1-q",
+        "the draft model reports its first draft's distribution q for every draft depth",
+        "specheads/inference/drafters.py",
+        "                    probs[i].append(q[i])",
+        "                    probs[i].append(probs[i][0] if probs[i] else q[i])",
+        ("tests/inference/test_sampling_invariant.py", "tests/inference/test_batched.py"),
+    ),
+    Mutation(
+        "cache-loss-mask",
+        "the feature cache stores the attention mask as the loss mask (prompt tokens become targets)",
+        "specheads/training/features.py",
+        '        "loss_mask": columns["loss_mask"].to(torch.int8).contiguous(),',
+        '        "loss_mask": columns["attention_mask"].to(torch.int8).contiguous(),',
+        ("tests/training/test_features.py",),
+    ),
+    Mutation(
+        "cache-zero-features",
+        "the feature cache serves all-zero features",
+        "specheads/training/features.py",
+        "        return self._hidden[index].float()",
+        "        return self._hidden[index].float() * 0",
+        ("tests/training/test_features.py::test_heads_train_from_the_cache_as_with_the_base_in_the_loop",),
+    ),
+    Mutation(
+        "eagle-features-off-by-one",
+        "the EAGLE train step pairs token t + 1 with the base's feature of t - 1",
+        "specheads/methods/eagle/train.py",
+        "    features, out = base_features(run.base, head, batch, full_logits=False)\n",
+        "    features, out = base_features(run.base, head, batch, full_logits=False)\n"
+        "    features = [torch.roll(feature, 1, dims=1) for feature in features]\n",
+        (
+            "tests/training/test_training_quality.py::test_trained_heads_agree_with_the_base_far_more_than_untrained_ones[eagle3]",
+        ),
+    ),
+    Mutation(
+        "dspark-loss-weights-swapped",
+        "DSpark's loss weights swapped: 0.9 CE to the data + 0.1 L1 to the base",
+        "specheads/methods/dflash/train.py",
+        "        per_depth = 0.1 * data_ce + 0.9 * l1",
+        "        per_depth = 0.9 * data_ce + 0.1 * l1",
+        (
+            "tests/training/test_dflash_trainer.py::test_the_dspark_loss_is_0_1_ce_plus_0_9_l1_plus_the_confidence_bce_by_hand",
+        ),
+    ),
+)
+
+
+def copy_tree(destination: Path) -> None:
+    """The files of the working tree git tracks or would track (uncommitted edits included), nothing ignored."""
+    command = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    listed = subprocess.run(command, cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def run_mutation(mutation: Mutation, keep: bool) -> tuple[bool, float, str]:
+    """(caught, seconds, the last lines of pytest's output)."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"mutation-{mutation.name}-"))
+    try:
+        copy_tree(workdir)
+        path = workdir / mutation.path
+        text = path.read_text()
+        count = text.count(mutation.old)
+        if count != 1:
+            raise SystemExit(
+                f"{mutation.name}: the snippet occurs {count} times in {mutation.path}; update the mutation"
+            )
+        path.write_text(text.replace(mutation.old, mutation.new))
+        env = {**os.environ, "PYTHONPATH": str(workdir), "HF_HUB_OFFLINE": "1", **dict(mutation.env)}
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutation.tests],
+            cwd=workdir, env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        seconds = time.perf_counter() - started
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-4:])
+        if done.returncode not in (0, 1):
+            raise SystemExit(f"{mutation.name}: pytest could not run the tests (exit {done.returncode}):\n{tail}")
+        return done.returncode == 1, seconds, tail
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="comma-separated mutation names")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--keep", action="store_true", help="keep the mutated copies (their paths are printed)")
+    args = parser.parse_args()
+    chosen = MUTATIONS
+    if args.only:
+        names = set(args.only.split(","))
+        unknown = names - {m.name for m in MUTATIONS}
+        if unknown:
+            parser.error(f"unknown mutations {sorted(unknown)}")
+        chosen = tuple(m for m in MUTATIONS if m.name in names)
+    if args.list:
+        for mutation in chosen:
+            print(f"{mutation.name}: {mutation.what} ({mutation.path}; tests: {' '.join(mutation.tests)})")
+        return 0
+    survivors = []
+    for mutation in chosen:
+        caught, seconds, tail = run_mutation(mutation, args.keep)
+        verdict = "caught" if caught else "SURVIVED"
+        print(f"{verdict:8} {seconds:6.1f} s  {mutation.name}: {mutation.what}", flush=True)
+        if not caught:
+            survivors.append(mutation.name)
+            print("         " + tail.replace("\n", "\n         "), flush=True)
+    print(f"{len(chosen) - len(survivors)} of {len(chosen)} mutations caught")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
