@@ -160,3 +160,18 @@ def test_bench_help_names_mt_bench_and_per_category(capsys) -> None:
         main(["bench", "--help"])
     help_text = "".join(capsys.readouterr().out.split())  # argparse wraps lines at hyphens too
     assert "mt-bench" in help_text and "--per-category" in help_text and "round-robin" in help_text
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_bench_notes_a_busy_machine_and_only_then(models, tmp_path, monkeypatch, capsys, busy) -> None:
+    from specheads import machine
+
+    load = machine.MachineLoad(cores=2, busy=1.5 if busy else 0.0, source="/proc/stat")
+    monkeypatch.setattr(machine, "measure_load", lambda seconds=0.0: load)
+    monkeypatch.setattr(machine.LoadMeter, "stop", lambda self: load)
+    prompts = mt_bench_file(tmp_path / "q.jsonl", per_category=1)
+    report = bench(models, tmp_path / "out", "--prompts", prompts, "--methods", "prompt-lookup", "--threads", "1")
+    err = capsys.readouterr().err
+    note = "note: the machine is busy while the benchmark ran (other processes are using 1.5 of 2 cores)"
+    assert (note in err) is busy
+    assert report["methods"]

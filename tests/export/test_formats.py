@@ -322,3 +322,31 @@ def test_serve_commands_name_local_folders_by_absolute_path(tmp_path, monkeypatc
     assert f"vllm serve {tmp_path / 'base'} " in result.commands["vllm"]
     hub = export_heads(head, "hub", "eagle3", base_model=base, base_name="org/base")
     assert "vllm serve org/base " in hub.commands["vllm"]  # a hub id (no such folder here) stays a hub id
+
+
+def test_sglang_tree_flags_come_from_the_calibrated_eagle2_tree(base, trained, tmp_path) -> None:
+    head = trained["eagle3"]
+    default = export_heads(head, tmp_path / "plain", "eagle3", base_model=base, base_name="org/base")
+    head.calibrated_dynamic = {"top_k": 3, "depth": 5, "total_tokens": 11}
+    try:
+        calibrated = export_heads(head, tmp_path / "calibrated", "eagle3", base_model=base, base_name="org/base")
+    finally:
+        head.calibrated_dynamic = None
+    flags = "--speculative-num-steps 5 --speculative-eagle-topk 3 --speculative-num-draft-tokens 11"
+    assert flags in calibrated.commands["sglang"]
+    assert flags not in default.commands["sglang"] and "--speculative-eagle-topk 4" in default.commands["sglang"]
+
+
+@pytest.mark.parametrize("format", ["eagle3", "speculators"])
+def test_a_folder_export_that_fails_midway_leaves_nothing_behind(base, trained, tmp_path, monkeypatch, format) -> None:
+    from specheads.export import formats
+
+    def broken(tensors, path, metadata=None):  # noqa: ANN001, ANN202
+        with open(path, "wb") as handle:
+            handle.write(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(formats, "save_file", broken)
+    with pytest.raises(OSError, match="disk full"):
+        export_heads(trained["eagle3"], tmp_path / "out", format, base_model=base, base_name="org/base")
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor its staging copy

@@ -238,3 +238,23 @@ def test_equal_to_llama_cpps_converter(tmp_path, dtype) -> None:
     # looked up in the converter's hash table, and this tokenizer's hash is not in it)
     export_heads(head, tmp_path / "hf.gguf", "gguf", dtype=dtype, base_name=base_dir)
     assert compare_gguf(tmp_path / "hf.gguf", tmp_path / "c.gguf") == []
+
+
+def test_compare_gguf_reports_a_differing_key_and_a_differing_tensor(base, trained, tmp_path) -> None:
+    """The comparator behind "equal to llama.cpp's converter" can fail: other values are found and named."""
+    target = _target_gguf(tmp_path / "base.gguf")
+    export_heads(trained["eagle3"], tmp_path / "f32.gguf", "gguf", base_model=base, target_gguf=target)
+    export_heads(trained["eagle3"], tmp_path / "f16.gguf", "gguf", base_model=base, target_gguf=target, dtype="float16")
+    assert compare_gguf(tmp_path / "f32.gguf", tmp_path / "f32.gguf") == []
+    differences = compare_gguf(tmp_path / "f32.gguf", tmp_path / "f16.gguf")
+    assert "key general.file_type: values differ" in differences
+    assert any(line.startswith("tensor blk.0.attn_q.weight: F32") for line in differences)
+    other = trained["eagle3"]
+    with torch.no_grad():
+        other.lm_head.weight[0, 0] += 1.0
+    try:
+        export_heads(other, tmp_path / "moved.gguf", "gguf", base_model=base, target_gguf=target)
+    finally:
+        with torch.no_grad():
+            other.lm_head.weight[0, 0] -= 1.0
+    assert compare_gguf(tmp_path / "f32.gguf", tmp_path / "moved.gguf") == ["tensor output.weight: data differ"]

@@ -109,3 +109,14 @@ def test_the_trainer_distils_it(tmp_path) -> None:
     before = draft_agreement(base, untrained, [batch])["agreement_with_base_greedy"][0]
     after = draft_agreement(base, learned, [batch])["agreement_with_base_greedy"][0]
     assert after > before and trained > 0.5, (before, after, trained)
+
+
+def test_the_folder_drives_transformers_assisted_generation(base, tmp_path) -> None:
+    draft = DraftLM.from_base(base, num_layers=2)
+    draft.save_pretrained(tmp_path / "draft")
+    assistant = AutoModelForCausalLM.from_pretrained(tmp_path / "draft")
+    ids = torch.tensor([[5, 9, 2, 31, 7]])
+    common = dict(do_sample=False, max_new_tokens=24, attention_mask=torch.ones_like(ids), pad_token_id=0)
+    reference = base.generate(ids, **common)
+    assisted = base.generate(ids, assistant_model=assistant, **common)
+    assert torch.equal(assisted, reference)

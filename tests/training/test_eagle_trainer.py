@@ -323,3 +323,38 @@ def test_bf16_autocast_resume_after_sigkill_matches_an_uninterrupted_run(workspa
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     for name, value in _heads(reference).items():
         assert torch.equal(_heads(out / "heads")[name], value), name  # bit-identical
+
+
+@pytest.mark.parametrize("version, expected", [(1, 0.3), (3, 0.0)])
+def test_eagle1_training_adds_the_recipes_feature_noise_and_eagle3_none(
+    workspace, tmp_path, monkeypatch, version, expected
+) -> None:
+    from specheads.methods.eagle.heads import EagleHead
+
+    seen = []
+    forward = EagleHead.forward
+
+    def spy(self, input_ids, features, attention_mask=None, steps=1, feature_noise=0.0, readout=None):  # noqa: ANN001, ANN202
+        seen.append(feature_noise)
+        return forward(self, input_ids, features, attention_mask, steps, feature_noise, readout)
+
+    monkeypatch.setattr(EagleHead, "forward", spy)
+    extra = {"train.steps": 2, "heads.feature_noise": 0.3}
+    train(load_config(None, _overrides(workspace, tmp_path / "noise", version=version, **extra)))
+    assert seen[:2] == [expected, expected]  # the two training steps (held-out evaluation adds none)
+
+
+def test_feature_noise_is_uniform_of_the_given_width() -> None:
+    from specheads.methods.eagle.heads import EagleHead
+
+    base = _base()
+    head = EagleHead.from_base(base, version=1).eval()
+    ids = torch.randint(2, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        features = [base(ids, output_hidden_states=True).hidden_states[index] for index in head.hidden_state_layers]
+        clean, _ = head(ids, features, None, 1)
+        torch.manual_seed(0)
+        noisy, _ = head(ids, features, None, 1, 0.2)
+        torch.manual_seed(0)
+        again, _ = head(ids, features, None, 1, 0.2)
+    assert torch.equal(noisy[0], again[0]) and not torch.equal(noisy[0], clean[0])

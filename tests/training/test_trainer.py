@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -471,3 +472,32 @@ def test_periodic_evaluation_logs_every_n_steps_and_best_selection_exports_the_b
 def test_best_selection_needs_heldout_data(workspace, tmp_path) -> None:
     with pytest.raises(ConfigError, match="need held-out data"):
         load_config(None, _overrides(workspace, tmp_path / "x", **{"output.select": "best"}))
+
+
+@pytest.mark.slow
+def test_wandb_without_an_api_key_logs_offline_where_the_run_is(workspace, tmp_path, monkeypatch) -> None:
+    """The trainer's own fallback, not the test session's: WANDB_MODE and the key are unset here."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-root"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config = load_config(None, _overrides(workspace, tmp_path / "run", **{"log.tracker": "wandb", "train.steps": 2}))
+    train(config)
+    assert os.environ["WANDB_MODE"] == "offline"
+    runs = list((tmp_path / "wandb-root").rglob("offline-run-*"))
+    assert runs, "no offline wandb run was written"
+
+
+def test_medusa2_stage_one_trains_the_heads_alone_then_the_adapter_moves(workspace, tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    def adapter_b(steps: int) -> list[torch.Tensor]:
+        extra = {"lora.enabled": "true", "lora.r": 4, "lora.stage1_steps": 3, "train.steps": steps, "train.lr": 1e-2}
+        heads_dir = train(load_config(None, _overrides(workspace, tmp_path / f"stage-{steps}", **extra)))
+        weights = load_file(str(heads_dir / "adapter" / "adapter_model.safetensors"))
+        return [value for name, value in weights.items() if "lora_B" in name]
+
+    during = adapter_b(3)  # every step in stage one: LoRA's B starts at zero and must stay there
+    assert during and all(torch.count_nonzero(value) == 0 for value in during)
+    after = adapter_b(6)
+    assert any(torch.count_nonzero(value) > 0 for value in after)
