@@ -204,7 +204,7 @@ def train_eagle_head(base: PreTrainedModel, sequences: torch.Tensor, steps: int 
     return head.eval()
 
 
-def train_block_head(base: PreTrainedModel, sequences: torch.Tensor, steps: int = 60, **head_kwargs):
+def train_block_head(base: PreTrainedModel, sequences: torch.Tensor, steps: int = 60, lr: float = 3e-3, **head_kwargs):
     """A few seconds of block-drafter training (the trainer's own loss, every position an anchor) on the base's
     samples, so that its drafts are plausible and get both accepted and rejected."""
     from specheads.methods.dflash.config import DFlashHeadsConfig
@@ -224,7 +224,7 @@ def train_block_head(base: PreTrainedModel, sequences: torch.Tensor, steps: int 
     tokens, teacher_positions, valid = depth_targets(head, sequences, ones, ones, anchors, used)
     teacher = out.logits[torch.arange(sequences.shape[0])[:, None, None], teacher_positions]
     previous = previous_tokens(head, sequences, anchors) if head.markov_head is not None else None
-    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    optimizer = torch.optim.Adam(head.parameters(), lr=lr)
     for _ in range(steps):
         hidden = depth_hidden(head, head(sequences, features, anchors))
         logits = head.slot_logits(hidden, previous)

@@ -253,3 +253,72 @@ def test_the_mask_token_is_the_tokenizers_then_a_spare_row_then_pad_then_eos() -
     assert resolve_mask_token(base, Tokenizer(size=96, mask_token_id=None, pad_token_id=3)) == 3
     assert resolve_mask_token(base, Tokenizer(size=96, mask_token_id=None, pad_token_id=None, eos_token_id=5)) == 0
     assert resolve_mask_token(base) == base.config.pad_token_id == 0
+
+
+# ------------------------------------------------------------------------------------- trained heads, several a step
+@pytest.fixture(scope="module")
+def trained_block_heads():
+    """Block heads fitted to the base's own greedy continuations of 16 prompts and decoding from those prompts: they
+    accept several drafts a step, so that multi-token commits (and EOS inside an accepted block) are exercised, not
+    only the single-token steps random heads give."""
+    from helpers import train_block_head
+
+    base = tiny_model("llama", seed=1, layers=4)
+    prompts = torch.randint(2, 96, (16, 4), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        sequences = base.generate(prompts, do_sample=False, max_new_tokens=40, attention_mask=torch.ones_like(prompts))
+    common = {"layer_ids": [1, 3], "num_layers": 1, "block_size": 4, "markov_rank": 8}
+    heads = {
+        "dflash": train_block_head(base, sequences, steps=300, lr=1e-2, variant="dflash", **common),
+        "dspark": train_block_head(base, sequences, steps=100, variant="dspark", **common),
+    }
+    return base, heads, sequences
+
+
+# (least mean drafts accepted per step, whether some step must accept 2+). Measured: dflash chain-3 0.22, ddtree-8
+# 0.66; dspark chain-3 0.96 (steps of 2 and 3 drafts), ddtree-8 1.0. These heads' depth-1 marginals stay flat
+# enough that DDTree's best-first tree spends its 8 nodes on depth-1 siblings: one draft a step at most.
+ACCEPTED_PER_STEP = {("dflash", "chain-3"): (0.15, False), ("dflash", "ddtree-8"): (0.5, False),
+                     ("dspark", "chain-3"): (0.8, True), ("dspark", "ddtree-8"): (0.8, False)}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dspark"])
+@pytest.mark.parametrize("tree", ["chain-3", "ddtree-8"])
+def test_trained_block_heads_commit_several_tokens_a_step_and_equal_greedy(trained_block_heads, variant, tree) -> None:
+    base, heads, sequences = trained_block_heads
+    decoder = SpecDecoder(base, DFlashDrafter(heads[variant], tree=tree))
+    prompts = [sequences[i : i + 1, :6] for i in range(4)]
+    expected = [greedy_reference(base, p, 24)[0, 6:].tolist() for p in prompts]
+    accepted = []
+    for prompt, want in zip(prompts, expected, strict=True):
+        out = decoder.generate(prompt, max_new_tokens=24)
+        assert out.new_tokens == want
+        accepted += out.stats.accepted_drafts
+    least, several = ACCEPTED_PER_STEP[variant, tree]
+    assert sum(accepted) / len(accepted) >= least, accepted
+    assert max(accepted) >= (2 if several else 1)  # drafts were accepted (several in one step where measured so)
+    batch = decoder.generate([p[0] for p in prompts], max_new_tokens=24)
+    assert [o.new_tokens for o in batch] == expected
+
+
+def test_eos_inside_an_accepted_block_stops_where_greedy_stops(trained_block_heads) -> None:
+    base, heads, sequences = trained_block_heads
+    decoder = SpecDecoder(base, DFlashDrafter(heads["dspark"], tree="chain-3"))
+    for index in range(16):
+        prompt = sequences[index : index + 1, :6]
+        free = decoder.generate(prompt, max_new_tokens=24)
+        position, candidate = 0, None
+        for drafts, length in zip(free.stats.accepted_drafts, free.stats.accepted_lengths, strict=True):
+            token = free.new_tokens[position]  # the step's first committed token: a draft when drafts >= 2
+            if drafts >= 2 and token not in free.new_tokens[:position]:
+                candidate = token
+                break
+            position += length
+        if candidate is None:
+            continue
+        expected = greedy_reference(base, prompt, 24, eos_token_id=candidate)[0, 6:].tolist()
+        out = decoder.generate(prompt, max_new_tokens=24, eos_token_id=candidate)
+        assert out.new_tokens == expected and out.finish_reason == "eos"
+        assert out.stats.accepted_drafts[-1] >= 1  # EOS was an accepted draft with drafts after it, cut there
+        return
+    pytest.fail("no step accepted two drafts with a fresh token first")
