@@ -76,6 +76,53 @@ def test_tree_of_deterministic_candidates_samples_the_base_distribution(base, sa
     assert _p_value(decoder, joint, acceptance="rejection", **sampling) > 1e-3
 
 
+class _TopCandidatesTreeDrafter(RandomTreeDrafter):
+    """A static tree whose candidates are the base's own top-ranked tokens after each node's path, proposed with
+    q = None: a rejected sibling carries real probability mass, so a residual that is not renormalised (or not
+    cleared of a rejected candidate) shows in the samples."""
+
+    name = "top-candidates-tree"
+
+    def __init__(self, base, tree) -> None:  # noqa: ANN001
+        super().__init__(tree, VOCAB)
+        self.base = base
+        self.ranked: dict[tuple[int, ...], list[int]] = {}
+
+    def _ranked(self, tokens: tuple[int, ...]) -> list[int]:
+        if tokens not in self.ranked:
+            with torch.no_grad():
+                logits = self.base(torch.tensor([tokens])).logits[0, -1]
+            self.ranked[tokens] = logits.argsort(descending=True).tolist()
+        return self.ranked[tokens]
+
+    def propose(self, state, request):  # noqa: ANN001, ANN201
+        from specheads.inference.state import Proposal
+
+        tree = self.tree.truncated(request.max_depth)
+        if tree.num_nodes == 0:
+            return None
+        rows = []
+        for row in state.rows:
+            committed = tuple(state.sequence(row).tolist())
+            paths: dict[int, tuple[int, ...]] = {0: ()}
+            tokens = [0] * tree.num_nodes
+            for node in range(tree.num_nodes + 1):
+                for rank, child in enumerate(tree.children[node]):
+                    token = self._ranked(committed + paths[node])[rank]
+                    tokens[child - 1] = token
+                    paths[child] = paths[node] + (token,)
+            rows.append(tokens)
+        return Proposal(tokens=torch.tensor(rows), tree=tree, draft_probs=None)
+
+
+@pytest.mark.parametrize("sampling", SETTINGS[:2])
+def test_a_static_tree_of_the_bases_top_candidates_samples_the_base_distribution(base, sampling) -> None:
+    tree = resolve_tree([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
+    decoder = SpecDecoder(base, _TopCandidatesTreeDrafter(base, tree))
+    joint = _base_distribution(base, **sampling)
+    assert _p_value(decoder, joint, acceptance="rejection", **sampling) > 1e-3
+
+
 def test_plain_sampling_through_the_engine_samples_the_base_distribution(base) -> None:
     joint = _base_distribution(base, temperature=1.0, top_k=0, top_p=1.0)
     assert _p_value(SpecDecoder(base), joint, temperature=1.0) > 1e-3
