@@ -18,7 +18,8 @@ Writing is resumable: every shard is written under a temporary name and renamed 
 and a cache whose ``index.json`` names another base, other layers or other data is refused rather than mixed. A
 cache whose first rows are this data's rows (``rows.json`` holds a digest of every row: the data of a run on
 ``data.limit`` records of the data the cache was written for) serves them without writing anything, so the points
-of a learning curve share one cache.
+of a learning curve share one cache; and data whose first rows are the cache's (a distillation file that grew) grows
+the cache: only the new rows go through the base.
 Reading is by memory-mapped safetensors; a row is returned cut to its real length and batches are right-padded by
 :func:`collate_padded`.
 """
@@ -149,8 +150,16 @@ def _check_or_write_index(directory: Path, identity: dict[str, Any], digests: li
         recorded = json.loads(path.read_text())
         if set(identity["layers"]) <= set(recorded.get("layers", [])):
             identity = {**identity, "layers": recorded["layers"]}
-        if recorded.get("rows", 0) > identity["rows"] and _recorded_digests(directory)[: len(digests)] == digests:
+        recorded_rows = int(recorded.get("rows", 0))
+        if recorded_rows > identity["rows"] and _recorded_digests(directory)[: len(digests)] == digests:
             identity = {**identity, "rows": recorded["rows"], "data_fingerprint": recorded["data_fingerprint"]}
+        elif (
+            recorded_rows < identity["rows"]
+            and {**recorded, "rows": identity["rows"], "data_fingerprint": identity["data_fingerprint"]} == identity
+            and _recorded_digests(directory) == digests[:recorded_rows]
+        ):
+            _grow(directory, recorded, identity, digests)  # data that grew: its first rows are the cache's
+            return identity
         if recorded != identity:
             differing = sorted(key for key in identity if recorded.get(key) != identity[key])
             raise FeatureCacheError(
@@ -162,6 +171,18 @@ def _check_or_write_index(directory: Path, identity: dict[str, Any], digests: li
     atomic_write(directory / ROWS, lambda target: target.write_text(json.dumps(digests) + "\n"))
     atomic_write(path, lambda target: target.write_text(json.dumps(identity, indent=2) + "\n"))
     return identity
+
+
+def _grow(directory: Path, recorded: dict[str, Any], identity: dict[str, Any], digests: list[str]) -> None:
+    """Make the cache of ``recorded`` rows the cache of the grown data: its last shard, when it holds fewer rows
+    than a shard, is removed (it is written again with the rows that now follow), then the row list and the index
+    are rewritten (the index last). The shards before stay as they are."""
+    per_shard = int(recorded["rows_per_shard"])
+    rows = int(recorded["rows"])
+    if rows % per_shard:
+        _shard_path(directory, rows // per_shard).unlink(missing_ok=True)
+    atomic_write(directory / ROWS, lambda target: target.write_text(json.dumps(digests) + "\n"))
+    atomic_write(directory / INDEX, lambda target: target.write_text(json.dumps(identity, indent=2) + "\n"))
 
 
 def _recorded_digests(directory: Path) -> list[str]:

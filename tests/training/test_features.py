@@ -158,3 +158,24 @@ def test_a_cache_of_more_rows_serves_data_that_is_its_first_rows_and_nothing_els
     with pytest.raises(FeatureCacheError, match="misses 1 shards"):
         write_feature_cache(base, prefix, LAYERS, tmp_path, rows_fingerprint(prefix), rows_per_shard=4)
     assert calls == []  # a prefix never writes into the cache of the whole data
+
+
+def test_data_that_grew_grows_the_cache_and_only_its_new_rows_run_through_the_base(tmp_path, monkeypatch) -> None:
+    base = tiny_model("llama", seed=1, layers=4)
+    rows = _rows(count=12)
+    first = rows.select(range(6))  # 6 rows: one full shard of 4 and a short one of 2
+    write_feature_cache(base, first, LAYERS, tmp_path, rows_fingerprint(first), rows_per_shard=4, progress=False)
+    calls = []
+    forward = base.forward
+    monkeypatch.setattr(base, "forward", lambda *a, **k: calls.append(k["input_ids"].shape[0]) or forward(*a, **k))
+    write_feature_cache(base, rows, LAYERS, tmp_path, rows_fingerprint(rows), batch_size=8, rows_per_shard=4)
+    assert calls == [4, 4]  # shard 0 kept; the short shard 1 and the new shard 2 written
+    grown, fresh = CachedFeatures(tmp_path), tmp_path / "fresh"
+    write_feature_cache(base, rows, LAYERS, fresh, rows_fingerprint(rows), rows_per_shard=4, progress=False)
+    assert len(grown) == 12
+    for index in range(12):
+        for name, value in CachedFeatures(fresh)[index].items():
+            assert torch.equal(grown[index][name], value), (index, name)
+    reordered = rows.select([1, 0, *range(2, 12)])
+    with pytest.raises(FeatureCacheError, match="data_fingerprint"):
+        write_feature_cache(base, reordered, LAYERS, tmp_path, rows_fingerprint(reordered), rows_per_shard=4)
