@@ -120,6 +120,37 @@ MUTATIONS = (
 )
 
 
+# Guarantees added with the checks above, one mutation each.
+MUTATIONS += (
+    Mutation(
+        "contamination-ngrams-ignored",
+        "the leak check matches whole short prompts only: a copied evaluation question inside a longer turn passes",
+        "specheads/contamination.py",
+        "                name = self.ngrams.get(gram)",
+        "                name = None",
+        ("tests/test_contamination.py", "tests/training/test_data.py"),
+    ),
+    Mutation(
+        "simulated-tau-sums",
+        "simulated chain tau adds per-depth agreement instead of multiplying it along the chain",
+        "specheads/training/evaluate.py",
+        "        reach *= float(agreement_by_rank[depth][0])",
+        "        reach = float(agreement_by_rank[depth][0])",
+        ("tests/training/test_trainer.py::test_simulated_tau_by_hand",),
+    ),
+    Mutation(
+        "length-groups-unshuffled",
+        "length-grouped batches are served longest first every epoch instead of shuffled",
+        "specheads/training/trainer.py",
+        "        shuffled = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()] + tail",
+        "        shuffled = sorted(batches, key=lambda batch: -self.lengths[batch[0]]) + tail",
+        (
+            "tests/training/test_trainer.py::test_length_grouped_batches_hold_rows_of_similar_length_and_replay_per_epoch",
+        ),
+    ),
+)
+
+
 def copy_tree(destination: Path) -> None:
     """The files of the working tree git tracks or would track (uncommitted edits included), nothing ignored."""
     command = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
