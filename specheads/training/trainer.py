@@ -164,7 +164,10 @@ def setup(config: RecipeConfig) -> Run:
     if config.data.feature_cache:
         dataset, collate = _cached_features(config, accelerator, base, heads, dataset), collate_padded
     if config.data.group_by_length:
-        order = {"sampler": LengthGroupedSampler(row_lengths(rows), config.train.batch_size, config.train.seed)}
+        # Grouped by the global batch (every process's rows of one step), so that the rows of a step, and the heads
+        # trained, are the same on any number of processes with the same global batch.
+        global_batch = config.train.batch_size * accelerator.num_processes
+        order = {"sampler": LengthGroupedSampler(row_lengths(rows), global_batch, config.train.seed)}
     else:
         order = {"shuffle": True, "generator": torch.Generator().manual_seed(config.train.seed)}
     dataloader = torch.utils.data.DataLoader(
@@ -233,7 +236,8 @@ def row_lengths(dataset: Any, chunk: int = 4096) -> list[int]:
 
 
 class LengthGroupedSampler(torch.utils.data.Sampler):
-    """A shuffled order of rows in which every ``batch_size`` consecutive rows have similar lengths.
+    """A shuffled order of rows in which every ``batch_size`` consecutive rows have similar lengths (the trainer
+    gives the global batch: accelerate deals consecutive per-process batches of one step to the processes).
 
     Each epoch (:meth:`set_epoch`, seeded by ``seed + epoch``, so a resumed run replays it) the rows are shuffled,
     cut into groups of ``group_batches`` batches, sorted by length within each group and cut into batches; the

@@ -501,3 +501,31 @@ def test_medusa2_stage_one_trains_the_heads_alone_then_the_adapter_moves(workspa
     assert during and all(torch.count_nonzero(value) == 0 for value in during)
     after = adapter_b(6)
     assert any(torch.count_nonzero(value) > 0 for value in after)
+
+
+def test_medusa2_self_distillation_targets_the_adapter_free_base(workspace, tmp_path, monkeypatch) -> None:
+    from specheads.methods.medusa import train as medusa_train
+
+    seen = []
+    base_loss, distillation = medusa_train._base_loss, medusa_train.distillation_loss
+
+    def spy_base_loss(run, logits, input_ids, attention, loss_mask):  # noqa: ANN001, ANN202
+        seen.append({"input_ids": input_ids.clone(), "attention": attention.clone(), "student": logits.detach()})
+        return base_loss(run, logits, input_ids, attention, loss_mask)
+
+    def spy_distillation(logits, teacher, loss_mask):  # noqa: ANN001, ANN202
+        seen[-1]["teacher"] = teacher.detach().clone()
+        return distillation(logits, teacher, loss_mask)
+
+    monkeypatch.setattr(medusa_train, "_base_loss", spy_base_loss)
+    monkeypatch.setattr(medusa_train, "distillation_loss", spy_distillation)
+    monkeypatch.setattr(medusa_train, "lm_loss", lambda *a, **k: pytest.fail("self-distillation uses no data loss"))
+    extra = {"lora.enabled": "true", "lora.r": 4, "lora.self_distillation": "true", "train.steps": 4, "train.lr": 0.05}
+    train(load_config(None, _overrides(workspace, tmp_path / "sd-target", **extra)))
+    assert len(seen) == 4 and all("teacher" in step for step in seen)
+    last = seen[-1]
+    assert not torch.allclose(last["student"], last["teacher"], atol=1e-4)  # the adapter moved the student ...
+    fresh = tiny_model("llama", seed=1)  # ... and the teacher is the base as it was, without the adapter
+    with torch.no_grad():
+        expected = fresh(input_ids=last["input_ids"], attention_mask=last["attention"]).logits
+    torch.testing.assert_close(last["teacher"], expected, atol=1e-5, rtol=1e-5)
