@@ -192,7 +192,8 @@ def test_the_checker_names_what_an_engine_would_get_wrong(
     base, trained, tmp_path, change_tensors, change_config, expected
 ) -> None:
     export_heads(trained["eagle3"], tmp_path / "out", "eagle3", base_model=base)
-    assert check_export(tmp_path / "out").ok
+    report = check_export(tmp_path / "out")
+    assert report.ok, report
     _mutate(tmp_path / "out", change_tensors, change_config)
     assert expected in _problems(tmp_path / "out")
 
@@ -350,3 +351,11 @@ def test_a_folder_export_that_fails_midway_leaves_nothing_behind(base, trained, 
     with pytest.raises(OSError, match="disk full"):
         export_heads(trained["eagle3"], tmp_path / "out", format, base_model=base, base_name="org/base")
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its staging copy
+
+
+def test_an_eagle3_folder_without_t2d_serves_as_modelopt_writes_it(base, trained, tmp_path) -> None:
+    """ModelOpt writes d2t but no t2d, and vLLM's and SGLang's EAGLE-3 loaders skip t2d: no problem to report."""
+    export_heads(trained["eagle3"], tmp_path / "out", "eagle3", base_model=base)
+    _mutate(tmp_path / "out", lambda t: t.pop("t2d"), None)
+    report = check_export(tmp_path / "out")
+    assert report.ok and report.engines == ["vllm", "sglang", "llama.cpp"], report.all_problems()

@@ -382,6 +382,8 @@ def _eagle3_tensor_rules(
         report.problems.append("more than one draft layer: specheads exports one, and engines disagree on the rest")
     expected = eagle3_shapes(geometry, prefix)
     optional = {"embed_tokens.weight": (geometry.vocab_size, geometry.hidden_size)}
+    if "t2d" in expected:  # vLLM's and SGLang's EAGLE-3 loaders skip t2d (ModelOpt never writes it); speculators
+        optional["t2d"] = expected.pop("t2d")  # needs it, which its own verdict checks
     report.problems += _tensor_problems(tensors, expected, optional)
     if geometry.reduced_vocab:
         report.problems += draft_map_problems(
