@@ -19,30 +19,15 @@ def two_token_distribution(model: PreTrainedModel, prompt: torch.Tensor, samplin
     """``[V, V]``: the probability that the base samples ``t1`` then ``t2`` after ``prompt`` (``[1, T]``), with the
     temperature, top-k and top-p of ``sampling`` applied as transformers' ``generate(do_sample=True)`` applies them.
     """
-    warpers = [TemperatureLogitsWarper(sampling.temperature)]
-    if sampling.top_k:
-        warpers.append(TopKLogitsWarper(sampling.top_k))
-    if sampling.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(sampling.top_p))
-    prompt = prompt.to(model.device)
-
-    def next_probs(ids: torch.Tensor) -> torch.Tensor:
-        scores = model(ids).logits[:, -1, :].float()
-        for warper in warpers:
-            scores = warper(ids, scores)
-        return scores.softmax(dim=-1)  # [B, V]
-
-    first = next_probs(prompt)[0]  # [V]
-    vocab = first.shape[0]
-    followers = torch.cat([prompt.expand(vocab, -1), torch.arange(vocab, device=prompt.device)[:, None]], dim=1)
-    return (first[:, None] * next_probs(followers)).cpu()  # every first token at once: [V, V]
+    return token_distribution(model, prompt, sampling, 2)
 
 
 def token_distribution(
     model: PreTrainedModel, prompt: torch.Tensor, sampling: SamplingParams, count: int = 3
 ) -> torch.Tensor:
     """``[V] * count``: the probability that the base samples ``t1, ..., t_count`` after ``prompt`` (``[1, T]``),
-    warped as :func:`two_token_distribution` warps (every prefix of the vocabulary enumerated: tiny vocabularies)."""
+    with the temperature, top-k and top-p of ``sampling`` applied as transformers' ``generate(do_sample=True)``
+    applies them (every prefix of the vocabulary enumerated: tiny vocabularies)."""
     warpers = [TemperatureLogitsWarper(sampling.temperature)]
     if sampling.top_k:
         warpers.append(TopKLogitsWarper(sampling.top_k))
