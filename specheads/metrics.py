@@ -47,8 +47,10 @@ class SpecStats:
         accepted_lengths: tokens emitted per step (accepted drafts + the base's token, cut at EOS/max_new_tokens).
         accepted_drafts: drafted tokens accepted per step, before any cut.
         drafted_depths: depth of the deepest drafted node per step (0 when nothing was drafted).
-        draft_time_s: time spent proposing.
-        verify_time_s: time spent in verification forwards, acceptance and cache commits.
+        draft_time_s: time spent drafting: proposing, and the drafter taking each commit in (its ``accepted`` hook,
+            e.g. an EAGLE head fusing the base's new features).
+        verify_time_s: time spent in verification forwards, acceptance and cache commits (the rest of each step:
+            the two add up to the steps' wall time, the prefill not included).
         wall_time_s: total time of the generation, prefill included.
     """
 

@@ -132,9 +132,10 @@ class SpecDecoder:
         base_model: any ``AutoModelForCausalLM`` whose forward accepts a 4D attention mask and position ids.
         drafter: a :class:`~specheads.inference.drafters.Drafter`; None decodes plainly through the engine.
         tokenizer: used to encode string prompts and decode outputs.
-        profile: on a GPU, synchronise after each step's drafting so that the statistics' draft / verify split is
-            exact. Off by default: a synchronisation per step stops the host running ahead of the device, and
-            without it the split counts the host's time (on a CPU both are the same).
+        profile: on a GPU, synchronise around each step's drafting (proposing, and the drafter's update after the
+            commit) so that the statistics' draft / verify split is exact. Off by default: a synchronisation per step
+            stops the host running ahead of the device, and without it the split counts the host's time (on a CPU
+            both are the same).
         attention: how the base computes while this decoder drives it. ``"invariant"``: batch-invariant (see
             :mod:`specheads.inference.attention`): a position's logits have the same bits whatever the number of
             tokens verified with it, the rows beside it and the cache's width, so that in bf16/fp16 every drafter's
@@ -345,18 +346,17 @@ class SpecDecoder:
             )
             tick = time.perf_counter()
             proposals = _for_rows(self.drafter.propose(state, request), limits, state.batch_size)
-            if self.profile and state.tokens.device.type == "cuda":  # queued draft kernels count as draft time
-                torch.cuda.synchronize(state.tokens.device)
-            tock = time.perf_counter()
+            tock = self._clock(state)  # queued draft kernels count as draft time
             active = list(state.rows)
-            emitted = self._step(state, proposals, settings, max_length)
+            emitted, catch_up = self._step(state, proposals, settings, max_length)
             tack = time.perf_counter()
-            state.batch_draft_time_s += tock - tick
-            state.batch_verify_time_s += tack - tock
+            draft_s, verify_s = tock - tick + catch_up, tack - tock - catch_up  # the drafter's update is drafting
+            state.batch_draft_time_s += draft_s
+            state.batch_verify_time_s += verify_s
             for row in active:
                 stats = state.stats[row]
-                stats.draft_time_s += tock - tick
-                stats.verify_time_s += tack - tock
+                stats.draft_time_s += draft_s
+                stats.verify_time_s += verify_s
                 stats.wall_time_s = tack - start
             done = [i for i, row in enumerate(state.rows) if state.finished[row]]
             yield state, emitted
@@ -365,6 +365,12 @@ class SpecDecoder:
 
     def _max_length(self) -> int | None:
         return inputs.max_positions(self.model)
+
+    def _clock(self, state: DecodeState) -> float:
+        """``time.perf_counter()``, after the device's queued work when profiling on a GPU (see ``profile``)."""
+        if self.profile and state.tokens.device.type == "cuda":
+            torch.cuda.synchronize(state.tokens.device)
+        return time.perf_counter()
 
     def _drop_rows(self, state: DecodeState, keep: list[int]) -> None:
         """Finished rows leave the batch: the cache, hidden states and drafter state keep only ``keep``."""
@@ -422,10 +428,11 @@ class SpecDecoder:
         proposals: list[Proposal | None] | Proposal,
         settings: _Settings,
         max_length: int | None,
-    ) -> dict[int, list[int]]:
+    ) -> tuple[dict[int, list[int]], float]:
         """One step for every active row: pack, verify with one base forward, accept, commit.
 
-        Returns the tokens each row emitted (by row).
+        Returns the tokens each row emitted (by row), and the seconds the drafter spent taking the commit in (its
+        ``accepted`` hook: draft work, such as an EAGLE head's fc over the base's new features, timed as drafting).
         """
         step = self._pack(state, proposals)
         out = self._forward(step.tokens, state.cache, step.mask, step.positions)
@@ -436,7 +443,9 @@ class SpecDecoder:
         """Every active row's root and tree in one ``[B, W]`` input, its positions and its 4D mask.
 
         The host knows the roots, lengths and tree shapes; they go to the device in one copy, and the mask is built
-        there by broadcasting (:func:`kv_cache.tree_step_mask`).
+        there by broadcasting (:func:`kv_cache.tree_step_mask`). A tree's own mask and depths come from the proposal
+        when the drafter built them on the device (a dynamic tree), else from the tree's device copy, uploaded once
+        per tree (:meth:`TreeBuffers.on`).
         """
         rows, device = state.rows, state.tokens.device
         cached = [state.lengths[row] - 1 for row in rows]  # slots in the base cache; the root is fed now
@@ -445,12 +454,12 @@ class SpecDecoder:
         if isinstance(proposals, Proposal):  # one tree for every row: no per-row work at all
             tree = proposals.tree
             trees: list[TreeBuffers | None] = [tree] * len(rows)
-            buffers = tree.on(device)
+            tree_mask, depths = _shape(proposals, tree, device)
             tokens = torch.cat([roots[:, None], proposals.tokens.to(device)], dim=1)
-            positions = lengths[:, None] + buffers.depths[None]
+            positions = lengths[:, None] + depths
             probs = proposals.draft_probs
             draft_probs = [None if probs is None else probs[i] for i in range(len(rows))]
-            block = None if tree.is_chain else buffers.attention_mask[None]
+            block = None if tree.is_chain else tree_mask
         elif all(p is None or p.tokens.shape[1] == 0 for p in proposals):  # plain decoding: each row feeds its root
             trees, draft_probs, block = [None] * len(rows), [None] * len(rows), None
             tokens, positions = roots[:, None], lengths[:, None]
@@ -464,11 +473,11 @@ class SpecDecoder:
             for i, (tree, proposal) in enumerate(zip(trees, proposals, strict=True)):
                 if tree is not None:
                     tokens[i, 1 : tree.num_nodes + 1] = proposal.tokens[0]
-            shapes = [(_ROOT_ONLY if tree is None else tree).on(device, width) for tree in trees]
-            positions = lengths[:, None] + torch.stack([shape.depths for shape in shapes])
+            shapes = [_shape(p, tree, device, width) for p, tree in zip(proposals, trees, strict=True)]
+            positions = lengths[:, None] + torch.cat([depths for _, depths in shapes])
             draft_probs = [None if p is None or p.draft_probs is None else p.draft_probs[0] for p in proposals]
             chains = all(tree is None or tree.is_chain for tree in trees) and len(rows) == 1
-            block = None if chains else torch.stack([shape.attention_mask for shape in shapes])
+            block = None if chains else torch.cat([tree_mask for tree_mask, _ in shapes])
         if len(rows) == 1 and block is None:
             mask = None  # one row and a chain: the model's own causal mask over the cache is the same
         else:
@@ -514,8 +523,11 @@ class SpecDecoder:
         results: list[AcceptResult],
         settings: _Settings,
         max_length: int | None,
-    ) -> dict[int, list[int]]:
-        """Write each row's emitted tokens, keep its accepted slots and hidden states, tell the drafter."""
+    ) -> tuple[dict[int, list[int]], float]:
+        """Write each row's emitted tokens, keep its accepted slots and hidden states, tell the drafter.
+
+        Returns the tokens each row emitted and the seconds the drafter's ``accepted`` took (see :meth:`_step`).
+        """
         keeps, emitted_by_row = [], {}
         for i, (row, tree, result) in enumerate(zip(state.rows, step.trees, results, strict=True)):
             keeps.append([0, *result.path])
@@ -529,8 +541,9 @@ class SpecDecoder:
         kv_cache.commit(state.cache, keeps)
         state.hidden_states = self._kept_hidden(out, keeps)
         state.hidden_counts = [len(keep) for keep in keeps] if state.hidden_states else []
+        start = self._clock(state)  # the commit's queued kernels are verification
         self.drafter.accepted(state, [len(keep) - 1 for keep in keeps])
-        return emitted_by_row
+        return emitted_by_row, self._clock(state) - start
 
     def _first_token(self, logits: torch.Tensor, settings: _Settings, generator: torch.Generator | None) -> int:
         """The base's own next token when nothing was drafted (plain decoding)."""
@@ -694,6 +707,8 @@ def _per_row(proposal: Proposal | list[Proposal | None] | None, batch: int) -> l
             proposal.tokens[i : i + 1],
             proposal.tree,
             None if proposal.draft_probs is None else proposal.draft_probs[i : i + 1],
+            None if proposal.attention_mask is None else proposal.attention_mask[i : i + 1],
+            None if proposal.depths is None else proposal.depths[i : i + 1],
         )
         for i in range(batch)
     ]
@@ -702,7 +717,8 @@ def _per_row(proposal: Proposal | list[Proposal | None] | None, batch: int) -> l
 def _truncated(proposal: Proposal | None, max_depth: int) -> Proposal | None:
     """A row's proposal cut to its own depth limit (the drafter drafted for the deepest row of the batch).
 
-    Trees list their nodes by depth, so the nodes at depth <= ``max_depth`` are the first ones.
+    Trees list their nodes by depth, so the nodes at depth <= ``max_depth`` are the first ones (and a device mask's
+    first rows and columns are the cut tree's).
     """
     if proposal is None or proposal.tree.max_depth <= max_depth:
         return proposal
@@ -711,7 +727,29 @@ def _truncated(proposal: Proposal | None, max_depth: int) -> Proposal | None:
         return None
     count = tree.num_nodes
     probs = None if proposal.draft_probs is None else proposal.draft_probs[:, :count]
-    return Proposal(proposal.tokens[:, :count], tree, probs)
+    if proposal.attention_mask is None:
+        return Proposal(proposal.tokens[:, :count], tree, probs)
+    mask, depths = proposal.attention_mask[:, : count + 1, : count + 1], proposal.depths[:, : count + 1]
+    return Proposal(proposal.tokens[:, :count], tree, probs, mask, depths)
+
+
+def _shape(
+    proposal: Proposal | None, tree: TreeBuffers | None, device: torch.device, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A proposal's tree attention ``[R, W, W]`` and depths ``[R, W]`` on ``device``, padded to ``width`` nodes
+    (padding sees only itself, at depth 0): the proposal's own device tensors (R: its rows) when it has them, else
+    the tree's cached device copy (R = 1, broadcast; ``tree`` None: the root alone)."""
+    if tree is None or proposal is None or proposal.attention_mask is None:
+        buffers = (_ROOT_ONLY if tree is None else tree).on(device, width)
+        return buffers.attention_mask[None], buffers.depths[None]
+    mask, depths = proposal.attention_mask.to(device), proposal.depths.to(device)
+    size = mask.shape[-1]
+    if width is not None and width > size:
+        padding = width - size
+        eye = torch.eye(width, dtype=torch.bool, device=device)
+        mask = torch.nn.functional.pad(mask, (0, padding, 0, padding)) | eye
+        depths = torch.nn.functional.pad(depths, (0, padding))
+    return mask, depths
 
 
 def _tree_mask(tree_mask: torch.Tensor, prefix_len: int, device: torch.device) -> torch.Tensor:

@@ -147,8 +147,14 @@ class Proposal:
         tree: the tree topology of the N nodes.
         draft_probs: ``[B, N, V]`` distribution each node's token was drawn from, or None for deterministic
             proposals (top-k heads, prompt lookup, greedy drafts), which count as one-hot.
+        attention_mask: ``[B, N + 1, N + 1]`` bool on the tokens' device, each row's tree attention (root first;
+            ``tree.attention_mask`` of that row), when the drafter grew the tree there (an EAGLE-2 dynamic tree);
+            None: the engine uploads the host tree's buffers (:meth:`TreeBuffers.on`, cached per tree).
+        depths: ``[B, N + 1]`` each node's depth on the device, given with ``attention_mask``.
     """
 
     tokens: torch.Tensor
     tree: TreeBuffers
     draft_probs: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    depths: torch.Tensor | None = None

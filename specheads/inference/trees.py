@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import torch
@@ -38,7 +38,9 @@ class TreeBuffers:
     Attributes:
         parents: ``parents[i]`` is the parent of node ``i``; ``parents[0] == -1``.
         depths: ``[N + 1]`` depth of each node (root 0); position of node i = prefix length + depths[i].
-        attention_mask: ``[N + 1, N + 1]`` bool, True where node i may attend to node j (j is i or an ancestor).
+        attention_mask: ``[N + 1, N + 1]`` bool, True where node i may attend to node j (j is i or an ancestor);
+            built on first use (a tree a drafter grew on the device comes with its mask there, and the host's is
+            never needed).
         children: children of each node, in index order (the order candidates are tried).
         paths: ``[P, D + 1]`` node ids of every root-to-leaf path, padded with -1 (Medusa's retrieve indices).
         ranks: ``ranks[i]`` is the top-k rank of node i among its head's candidates (-1 for the root).
@@ -50,7 +52,6 @@ class TreeBuffers:
 
     parents: tuple[int, ...]
     depths: torch.Tensor
-    attention_mask: torch.Tensor
     children: tuple[tuple[int, ...], ...]
     paths: torch.Tensor
     ranks: tuple[int, ...]
@@ -81,6 +82,15 @@ class TreeBuffers:
             buffers = DeviceTree(mask.to(device), depths.to(device), parents.to(device), ranks.to(device))
             self._on_device[key] = buffers
         return buffers
+
+    @cached_property
+    def attention_mask(self) -> torch.Tensor:
+        """``[N + 1, N + 1]`` bool, True where node i may attend to node j (j is i or an ancestor)."""
+        size = len(self.parents)
+        ancestors = [1] * size  # bit j of ancestors[i]: node i sees node j (itself or an ancestor)
+        for node in range(1, size):
+            ancestors[node] = ancestors[self.parents[node]] | (1 << node)
+        return torch.tensor([[bool(bits >> j & 1) for j in range(size)] for bits in ancestors], dtype=torch.bool)
 
     @property
     def num_nodes(self) -> int:
@@ -245,14 +255,11 @@ def _tree_from_parents(parents: tuple[int, ...]) -> TreeBuffers:
 def _buffers(parents: tuple[int, ...], ranks: tuple[int, ...], choices: Choices) -> TreeBuffers:
     size = len(parents)
     depths = [0] * size
-    ancestors = [1] * size  # bit j of ancestors[i]: node i sees node j (itself or an ancestor)
     children: list[list[int]] = [[] for _ in range(size)]
     for node in range(1, size):
         parent = parents[node]
         depths[node] = depths[parent] + 1
-        ancestors[node] = ancestors[parent] | (1 << node)
         children[parent].append(node)
-    mask = torch.tensor([[bool(bits >> j & 1) for j in range(size)] for bits in ancestors], dtype=torch.bool)
     leaves = [node for node in range(size) if not children[node]]
     max_depth = max(depths)
     chains = []
@@ -266,7 +273,6 @@ def _buffers(parents: tuple[int, ...], ranks: tuple[int, ...], choices: Choices)
     return TreeBuffers(
         parents=parents,
         depths=torch.tensor(depths, dtype=torch.long),
-        attention_mask=mask,
         children=tuple(tuple(c) for c in children),
         paths=torch.tensor(chains, dtype=torch.long).reshape(len(leaves), max_depth + 1),
         ranks=ranks,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from helpers import ARCHITECTURES, OracleTreeDrafter, greedy_reference, tiny_model
@@ -151,3 +153,33 @@ def test_confidence_threshold_changes_only_the_proposals(threshold: float) -> No
 def test_confidence_threshold_is_checked() -> None:
     with pytest.raises(ValueError, match="confidence_threshold"):
         DraftModelDrafter(tiny_model("llama"), 3, confidence_threshold=1.5)
+
+
+class _SlowUpdate(PromptLookupDrafter):
+    """Prompt lookup whose update after each commit takes (at least) ``pause`` seconds."""
+
+    def __init__(self, pause: float) -> None:
+        super().__init__(3)
+        self.pause = pause
+
+    def accepted(self, state, num_accepted) -> None:
+        time.sleep(self.pause)
+        super().accepted(state, num_accepted)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_drafters_update_after_a_commit_is_draft_time(llama, batch: int) -> None:
+    """A drafter's ``accepted`` work (an EAGLE head's fc over the base's new features) is drafting: every step's
+    pause lands in the draft time, not the verify time, and the split still adds up within the wall time."""
+    pause = 0.03
+    prompts = [_repetitive_prompt(12 + i, seed=20 + i)[0] for i in range(batch)]
+    out = SpecDecoder(llama, _SlowUpdate(pause)).generate(prompts if batch > 1 else prompts[0], max_new_tokens=6)
+    outputs = out if batch > 1 else [out]
+    for single in outputs:
+        stats = single.stats
+        assert stats.draft_time_s >= stats.steps * pause  # a sleep lasts at least its time
+        assert stats.draft_time_s + stats.verify_time_s <= stats.wall_time_s
+    if batch > 1:
+        steps = max(single.stats.steps for single in outputs)
+        assert out.stats.draft_time_s >= steps * pause
+        assert out.stats.draft_time_s + out.stats.verify_time_s <= out.stats.wall_time_s

@@ -21,8 +21,8 @@ from specheads.heads import EagleHead, MedusaHeads
 from specheads.inference import kv_cache
 from specheads.inference.sampling import SamplingParams
 from specheads.inference.state import DecodeState, DraftRequest
-from specheads.inference.trees import DynamicTree, resolve_tree
-from specheads.methods.eagle.drafter import EagleDrafter, _EagleState, _Root
+from specheads.inference.trees import DynamicTree, TreeBuffers, resolve_tree, tree_from_parents
+from specheads.methods.eagle.drafter import EagleDrafter, _ancestry, _EagleState, _Root
 from specheads.methods.medusa.drafter import MedusaDrafter
 
 VOCAB = 96
@@ -275,7 +275,8 @@ def test_dynamic_tree_by_hand() -> None:
     [0, 1, 1, 2, 3] (the positions after the root's).
     """
     drafter, head, draft = _stub_drafter(consumed=3)
-    [(tokens, tree)] = drafter._dynamic(draft, _stub_root(), DynamicTree(top_k=2, depth=3, total_tokens=4), 10)
+    [proposal] = drafter._dynamic(draft, _stub_root(), DynamicTree(top_k=2, depth=3, total_tokens=4), 10)
+    tokens, tree = proposal.tokens[0], proposal.tree
     assert tokens.tolist() == [11, 12, 13, 11]
     assert tree.parents == (-1, 0, 0, 1, 3)
     assert tree.depths.tolist() == [0, 1, 1, 2, 3]
@@ -287,6 +288,8 @@ def test_dynamic_tree_by_hand() -> None:
         [1, 1, 0, 1, 1],
     ]
     assert tree.attention_mask.int().tolist() == expected_mask
+    assert proposal.attention_mask.int().tolist() == [expected_mask]  # the same, built on the device
+    assert proposal.depths.tolist() == [[0, 1, 1, 2, 3]]
     # What the draft was fed: depth 1 (A, B) at position consumed - 1 + 1 = 3 on the root's output, then depth 2
     # (A3, B5) at position 4, each on its parent's output, seeing every committed pair and its own ancestors.
     first, second = head.calls
@@ -310,9 +313,73 @@ def test_dynamic_tree_by_hand() -> None:
 def test_dynamic_tree_limits_by_hand(spec: DynamicTree, max_depth: int, tokens: list[int], parents: tuple) -> None:
     """Same stub as above. depth 2 with 5 kept: A .6, A3 .30, B .25, B5 .225, A4 .18 (B3 .0125 dropped)."""
     drafter, _, draft = _stub_drafter()
-    [(drafted, tree)] = drafter._dynamic(draft, _stub_root(), spec, max_depth)
-    assert drafted.tolist() == tokens
-    assert tree.parents == parents
+    [proposal] = drafter._dynamic(draft, _stub_root(), spec, max_depth)
+    assert proposal.tokens.tolist() == [tokens]
+    assert proposal.tree.parents == parents
+    if proposal.tree.is_chain:  # a chain's buffers come from the engine's cache
+        assert proposal.attention_mask is None and proposal.depths is None
+    else:
+        assert torch.equal(proposal.attention_mask[0], proposal.tree.attention_mask)
+        assert torch.equal(proposal.depths[0], proposal.tree.depths)
+
+
+class _KeepingProposals(EagleDrafter):
+    """Keeps every dynamic-tree proposal it makes."""
+
+    def __init__(self, head: EagleHead) -> None:
+        super().__init__(head)
+        self.proposals: list = []
+
+    def _dynamic(self, *args):
+        proposals = super()._dynamic(*args)
+        self.proposals.extend(proposals)
+        return proposals
+
+
+@pytest.mark.parametrize("tree", ["dynamic-3-3-6", "dynamic-4-5-16", "dynamic-2-6-9"])
+def test_dynamic_trees_bring_their_mask_and_depths_built_on_the_device(monkeypatch, tree: str) -> None:
+    """Every row's dynamic tree comes with exactly its host tree's attention mask and depths, built where the tree
+    was grown (unless every row's tree is a chain); the engine verifies with those, uploading no tree but chains
+    (a lone root's, a chain's: few shapes, cached), and the output stays the base's greedy one."""
+    base = tiny_model("llama", seed=1)
+    torch.manual_seed(0)
+    head = EagleHead.from_base(base, version=3, draft_vocab_size=40, token_counts=torch.arange(VOCAB))
+    drafter = _KeepingProposals(head)
+    uploaded = []
+    on = TreeBuffers.on
+
+    def recording_on(self, *args, **kwargs):
+        uploaded.append(self)
+        return on(self, *args, **kwargs)
+
+    monkeypatch.setattr(TreeBuffers, "on", recording_on)
+    prompts = [row[: 5 + 2 * i] for i, row in enumerate(base_samples(base, rows=3, new_tokens=6, seed=2))]
+    outs = SpecDecoder(base, drafter).generate(prompts, max_new_tokens=12, tree=tree)
+    for out, prompt in zip(outs, prompts, strict=True):
+        assert torch.equal(out.sequences, greedy_reference(base, prompt[None], 12))
+    assert len({p.tree.parents for p in drafter.proposals if not p.tree.is_chain}) > 3  # different trees
+    for proposal in drafter.proposals:
+        if proposal.attention_mask is None:
+            assert proposal.tree.is_chain
+            continue
+        assert torch.equal(proposal.attention_mask[0], proposal.tree.attention_mask)
+        assert torch.equal(proposal.depths[0], proposal.tree.depths)
+    assert all(t.is_chain for t in uploaded)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_device_ancestry_of_random_trees_is_the_host_trees(seed: int) -> None:
+    """:func:`_ancestry` on a batch of random trees (parents before children, any depth limit at least the
+    deepest node's) gives each one's :class:`TreeBuffers` mask and depths."""
+    generator = torch.Generator().manual_seed(seed)
+    rows, size = 1 + seed % 4, 1 + 7 * seed % 23
+    parents = torch.stack([torch.randint(0, node, (rows,), generator=generator) for node in range(1, size + 1)], 1)
+    trees = [tree_from_parents([-1, *row]) for row in parents.tolist()]
+    deepest = max(tree.max_depth for tree in trees)
+    for limit in (deepest, deepest + 2):
+        mask, depths = _ancestry(parents, limit)
+        assert torch.equal(mask, torch.stack([tree.attention_mask for tree in trees]))
+        assert torch.equal(depths, torch.stack([tree.depths for tree in trees]))
 
 
 class _RecordingDrafter(EagleDrafter):

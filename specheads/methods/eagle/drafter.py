@@ -184,8 +184,7 @@ class EagleDrafter(Drafter):
         root, has_root = fed
         tree = self._tree(request)
         if isinstance(tree, DynamicTree):
-            drafted = self._dynamic(state.draft, root, tree, request.max_depth)
-            proposals = [Proposal(tokens[None], buffers, None) for tokens, buffers in drafted]
+            proposals = self._dynamic(state.draft, root, tree, request.max_depth)
         else:
             buffers = tree.truncated(request.max_depth)
             if buffers.num_nodes == 0:
@@ -246,14 +245,15 @@ class EagleDrafter(Drafter):
             candidates[:, level.fed] = self.head.to_target(log_probs.topk(plan.width, dim=-1).indices)
         return tokens[:, 1:]
 
-    def _dynamic(
-        self, draft: _EagleState, root: _Root, spec: DynamicTree, max_depth: int
-    ) -> list[tuple[torch.Tensor, TreeBuffers]]:
+    def _dynamic(self, draft: _EagleState, root: _Root, spec: DynamicTree, max_depth: int) -> list[Proposal]:
         """EAGLE-2 per row: expand the ``top_k`` best nodes per depth, keep the ``total_tokens`` best overall.
 
         Tensor code throughout: every row expands the same number of nodes per depth (one draft forward per depth
         for the batch), the frontier is one flattened top-k per level, each fed node's ancestors are a bit row
-        updated by index, and the chosen trees reach the host in one transfer (their parents).
+        updated by index, and the chosen trees reach the host in one transfer (their parents, which acceptance walks).
+        Each row's proposal carries its tree's attention mask and depths, built on the device from the same parents
+        (:func:`_ancestry`): the host tree is never turned into a mask and uploaded (chains aside: their few shapes
+        are uploaded once and cached).
         """
         batch, device = root.hidden.shape[0], root.hidden.device
         depth_limit = min(spec.depth, max_depth)
@@ -303,10 +303,31 @@ class EagleDrafter(Drafter):
         position.scatter_(1, kept + 1, torch.arange(1, count + 1, device=device)[None].expand(batch, -1))
         kept_parents = position.gather(1, all_parents.gather(1, kept) + 1)  # the root (-1) maps to node 0
         kept_tokens = all_tokens.gather(1, kept)
-        drafted = []
-        for i, row_parents in enumerate(kept_parents.tolist()):  # the one transfer: each row's tree shape
-            drafted.append((kept_tokens[i], tree_from_parents([-1, *row_parents])))
-        return drafted
+        trees = [tree_from_parents([-1, *row]) for row in kept_parents.tolist()]  # the one transfer, for acceptance
+        if all(tree.is_chain for tree in trees):  # a chain's buffers: few shapes, uploaded once and cached
+            return [Proposal(kept_tokens[i : i + 1], tree) for i, tree in enumerate(trees)]
+        mask, depths = _ancestry(kept_parents, depth_limit)
+        return [
+            Proposal(kept_tokens[i : i + 1], tree, None, mask[i : i + 1], depths[i : i + 1])
+            for i, tree in enumerate(trees)
+        ]
+
+
+def _ancestry(parents: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention masks ``[A, N + 1, N + 1]`` and depths ``[A, N + 1]`` of A trees given by their nodes' parents
+    ``[A, N]`` (node i + 1's parent; 0 is the root; no node deeper than ``max_depth``), on the parents' device.
+
+    One gather per depth walks every node one level up (the root, once reached, stays): node i sees node j when j is
+    i or one of the nodes it passes.
+    """
+    batch, size = parents.shape[0], parents.shape[1] + 1
+    up = torch.nn.functional.pad(parents, (1, 0))  # the root's parent: the root itself
+    hops = [torch.arange(size, device=parents.device).expand(batch, size), up]
+    for _ in range(max_depth - 1):
+        hops.append(up.gather(1, hops[-1]))
+    ancestors = torch.stack(hops, dim=2)  # [A, N + 1, D + 1]: node i's ancestor h levels up
+    mask = torch.zeros(batch, size, size, dtype=torch.bool, device=parents.device).scatter_(2, ancestors, True)
+    return mask, mask.sum(dim=2) - 1  # a node sees itself, its ancestors and the root: depth + 1 nodes
 
 
 def measure_draft_cost(head: torch.nn.Module, prefix_len: int = 256, width: int = 4, repeats: int = 10) -> float:
