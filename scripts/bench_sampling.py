@@ -18,8 +18,8 @@ from specheads import SpecDecoder, assets
 from specheads.heads.loading import heads_for_decoding, heads_path
 from specheads.inference.drafters import NoDrafter
 from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.methods.registry import head_type_of
 from specheads.prompts import load_prompts
+from specheads.registry import head_type_of
 
 RULES = ("none", "rejection", "typical")
 

@@ -38,9 +38,9 @@ import torch
 
 from specheads import SpecDecoder, assets, load_heads
 from specheads.export import export_heads
-from specheads.export.llamacpp import compare_gguf, converter_command
 from specheads.llama_server import LlamaServer, free_port
 from specheads.loading import load_causal_lm, load_tokenizer
+from specheads.methods.eagle.gguf import compare_gguf, converter_command
 from specheads.prompts import load_prompts, prompt_token_ids
 
 

@@ -18,8 +18,8 @@ import torch
 
 from specheads import SpecDecoder, load_heads
 from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.methods.registry import head_type_of
 from specheads.prompts import load_prompts, prompt_token_ids
+from specheads.registry import head_type_of
 from specheads.training.config import load_config
 from specheads.training.data import build_dataset
 from specheads.training.trainer import collate_trimmed, expand_data_paths

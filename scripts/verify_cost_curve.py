@@ -3,7 +3,7 @@
 Speculative decoding pays when verifying q tokens costs little more than verifying 1. On a GPU the curve is flat until
 the matrix units fill; on a CPU it rises almost linearly. This builds a randomly initialised Llama of a chosen size
 (default ~1.1B parameters: hidden 2048, 16 layers, vocabulary 32000; weights do not change the timing) and times it with
-``specheads.inference.calibrate.measure_verify_cost``, the function ``specheads calibrate`` uses.
+``specheads.calibrate.measure_verify_cost``, the function ``specheads calibrate`` uses.
 
     python scripts/verify_cost_curve.py --device cuda --dtype bfloat16 --json out/verify.json
     python scripts/verify_cost_curve.py --hidden 256 --layers 4 --intermediate 688 --vocab 8192   # a CPU-sized check
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specheads.inference.calibrate import measure_verify_cost
+from specheads.calibrate import measure_verify_cost
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 

@@ -9,63 +9,36 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specheads._lazy import lazy_exports
+from specheads.registry import public_names
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
     "BlockTree": "specheads.inference.trees",
-    "DFlashDrafter": "specheads.methods.dflash.drafter",
-    "DFlashHead": "specheads.methods.dflash.heads",
     "DraftModelDrafter": "specheads.inference.drafters",
     "DynamicTree": "specheads.inference.trees",
-    "EagleDrafter": "specheads.methods.eagle.drafter",
-    "EagleHead": "specheads.methods.eagle.heads",
     "GenerationConfig": "specheads.inference.generation",
     "GenerationOutput": "specheads.inference.decoder",
     "HeadCheckpointError": "specheads.heads.checkpoint",
-    "MedusaHeads": "specheads.methods.medusa.heads",
     "NoDrafter": "specheads.inference.drafters",
     "PromptLookupDrafter": "specheads.inference.drafters",
     "SpecDecoder": "specheads.inference.decoder",
     "SpecStats": "specheads.metrics",
     "TreeError": "specheads.inference.trees",
     "load_heads": "specheads.heads.loading",
+    **public_names(),  # every method's heads, configs and drafters, as their registry entries list them
 }
 
-__all__ = [
-    "BlockTree",
-    "DFlashDrafter",
-    "DFlashHead",
-    "DraftModelDrafter",
-    "DynamicTree",
-    "EagleDrafter",
-    "EagleHead",
-    "GenerationConfig",
-    "GenerationOutput",
-    "HeadCheckpointError",
-    "MedusaHeads",
-    "NoDrafter",
-    "PromptLookupDrafter",
-    "SpecDecoder",
-    "SpecStats",
-    "TreeError",
-    "__version__",
-    "load_heads",
-]
+__all__ = sorted([*_EXPORTS, "__version__"])
 
-if TYPE_CHECKING:
-    from specheads.heads.checkpoint import HeadCheckpointError
-    from specheads.heads.loading import load_heads
-    from specheads.inference.decoder import GenerationOutput, SpecDecoder
-    from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
-    from specheads.inference.generation import GenerationConfig
-    from specheads.inference.trees import BlockTree, DynamicTree, TreeError
-    from specheads.methods.dflash.drafter import DFlashDrafter
-    from specheads.methods.dflash.heads import DFlashHead
-    from specheads.methods.eagle.drafter import EagleDrafter
-    from specheads.methods.eagle.heads import EagleHead
-    from specheads.methods.medusa.heads import MedusaHeads
-    from specheads.metrics import SpecStats
+if TYPE_CHECKING:  # for type checkers: __all__ is built from the tables above
+    from specheads.heads.checkpoint import HeadCheckpointError  # noqa: F401
+    from specheads.heads.loading import load_heads  # noqa: F401
+    from specheads.inference.decoder import GenerationOutput, SpecDecoder  # noqa: F401
+    from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter  # noqa: F401
+    from specheads.inference.generation import GenerationConfig  # noqa: F401
+    from specheads.inference.trees import BlockTree, DynamicTree, TreeError  # noqa: F401
+    from specheads.metrics import SpecStats  # noqa: F401
 
 
 __getattr__, __dir__ = lazy_exports("specheads", _EXPORTS, globals())

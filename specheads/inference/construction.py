@@ -14,7 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.heads.loading import heads_path
 from specheads.inference.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
-from specheads.methods.registry import HEAD_TYPES, head_type_of, method_of_layout
+from specheads.registry import HEAD_TYPES, head_type_of, method_of_layout
 
 METHODS = (*HEAD_TYPES, "draft", "prompt-lookup", "none")
 _UNKNOWN_HEADS = next(iter(HEAD_TYPES))  # a folder with no head type: its loader says what is wrong with it
@@ -71,7 +71,7 @@ def heads_method(heads: str | Path | torch.nn.Module, base: Any = None) -> str:
         return head_type_of(heads).name
     import json
 
-    from specheads.export.formats import foreign_format
+    from specheads.heads.foreign import foreign_format
 
     directory = Path(heads_path(heads, base))
     layout = foreign_format(directory) if directory.is_dir() else None

@@ -38,8 +38,8 @@ from specheads.inference.sampling import SamplingParams, probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
 from specheads.inference.trees import BlockTree, DynamicTree, TreeBuffers, tree_from_choices
 from specheads.loading import check_same_vocabulary, eos_token_ids
-from specheads.methods.registry import HEAD_TYPES
 from specheads.metrics import SpecStats
+from specheads.registry import HEAD_TYPES
 
 PromptInput = inputs.PromptInput
 ATTENTION_MODES = ("auto", "invariant", "model")

@@ -98,7 +98,9 @@ def _chain_length(request: DraftRequest, default: int) -> int:
     return default if request.num_speculative_tokens is None else request.num_speculative_tokens
 
 
-def _check_chain_request(request: DraftRequest, default: int) -> None:
+def check_chain_request(request: DraftRequest, default: int) -> None:
+    """Refuse a request a chain drafter cannot serve: a branching tree, or a draft length that is not an integer
+    >= 1 (``default``: the drafter's own length when the request names none)."""
     length = _chain_length(request, default)
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {length!r}")
@@ -142,7 +144,7 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram_size = max_ngram_size
 
     def check_request(self, request: DraftRequest) -> None:
-        _check_chain_request(request, self.num_speculative_tokens)
+        check_chain_request(request, self.num_speculative_tokens)
 
     def reset(self, state: DecodeState) -> None:
         state.draft = [_NgramIndex(self.max_ngram_size) for _ in state.rows]
@@ -227,7 +229,7 @@ class DraftModelDrafter(Drafter):
         self.confidence_threshold = confidence_threshold
 
     def check_request(self, request: DraftRequest) -> None:
-        _check_chain_request(request, self.num_speculative_tokens)
+        check_chain_request(request, self.num_speculative_tokens)
 
     def max_nodes(self, request: DraftRequest) -> int:
         return _chain_length(request, self.num_speculative_tokens)

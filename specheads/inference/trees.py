@@ -10,6 +10,7 @@ Everything here is a pure function of the topology; no model is involved.
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 from collections.abc import Sequence
@@ -301,7 +302,7 @@ def resolve_tree(spec: str | Path | Sequence[Sequence[int]]) -> TreeBuffers:
         if text == "dynamic" or _DYNAMIC_RE.match(text):
             raise TreeError("tree='dynamic' (EAGLE-2) is grown by an EAGLE head; this drafter takes static trees only")
         if text == "ddtree" or _BLOCK_RE.match(text):
-            from specheads.methods.registry import HEAD_TYPES
+            from specheads.registry import HEAD_TYPES
 
             builders = [name for name, method in HEAD_TYPES.items() if method.block_trees]
             raise TreeError(
@@ -338,3 +339,23 @@ def _load_tree_file(text: str) -> list:
 def available_trees() -> list[str]:
     """Names of the tree files shipped under ``configs/trees/``."""
     return sorted(p.stem for p in TREES_DIR.glob("*.json")) if TREES_DIR.is_dir() else []
+
+
+def grow_tree(agreement_by_rank: Sequence[Sequence[float]], max_nodes: int) -> list[tuple[tuple[int, ...], float]]:
+    """Nodes in the order a greedy search adds them: the most probable path not yet in the tree first.
+
+    Returns:
+        ``[(path, probability), ...]`` of length <= ``max_nodes``; every prefix of the list is a valid tree.
+    """
+    depth_limit, ranks = len(agreement_by_rank), len(agreement_by_rank[0])
+    frontier = [(-float(agreement_by_rank[0][rank]), (rank,)) for rank in range(ranks)]
+    heapq.heapify(frontier)
+    nodes: list[tuple[tuple[int, ...], float]] = []
+    while frontier and len(nodes) < max_nodes:
+        negative, path = heapq.heappop(frontier)
+        probability = -negative
+        nodes.append((path, probability))
+        if len(path) < depth_limit:
+            for rank in range(ranks):
+                heapq.heappush(frontier, (-(probability * float(agreement_by_rank[len(path)][rank])), path + (rank,)))
+    return nodes

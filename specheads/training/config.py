@@ -148,7 +148,7 @@ class RecipeConfig:
                 raise ConfigError(f"{key} must be > 0, got {value!r}")
         self.heads.validate()
         if self.lora.enabled:
-            from specheads.methods.registry import HEAD_TYPES
+            from specheads.registry import HEAD_TYPES
 
             joint = sorted(name for name, method in HEAD_TYPES.items() if method.joint_training)
             if self.heads.type not in joint:
@@ -233,8 +233,8 @@ def _build(cls: type, values: Any, prefix: str) -> Any:
 
 
 def heads_section(values: Any) -> type:
-    """The dataclass of the ``heads`` section, chosen by its ``type`` (see :mod:`specheads.methods.registry`)."""
-    from specheads.methods.registry import HEAD_TYPES
+    """The dataclass of the ``heads`` section, chosen by its ``type`` (see :mod:`specheads.registry`)."""
+    from specheads.registry import HEAD_TYPES
 
     kind = values.get("type", "medusa") if isinstance(values, dict) else "medusa"
     if kind not in HEAD_TYPES:

@@ -93,12 +93,12 @@ def simulated_tau(
 ) -> dict:
     """Expected tokens per decoding step (tau) from held-out per-depth, per-rank agreement, as tree calibration
     models it: a chain of ``chain`` top-1 drafts gives ``1 + a1 + a1 a2 + ...``; a tree of N nodes grown greedily
-    (:func:`~specheads.inference.calibrate.grow_tree`) gives 1 plus the sum of its nodes' path probabilities.
+    (:func:`~specheads.inference.trees.grow_tree`) gives 1 plus the sum of its nodes' path probabilities.
 
     Agreement at depth d is measured where the path above it is the base's own (EAGLE) or per head (Medusa), so the
     products assume depths independent given the path; the engine's measured tau is the check.
     """
-    from specheads.inference.calibrate import grow_tree
+    from specheads.inference.trees import grow_tree
 
     result, reach = {}, 1.0
     tau = 1.0

@@ -1,6 +1,6 @@
 """Head training with Accelerate: ``setup -> train -> cleanup``, shared by every head type.
 
-The head type (``heads.type``) comes from :mod:`specheads.methods.registry`, which names how its heads are built, the
+The head type (``heads.type``) comes from :mod:`specheads.registry`, which names how its heads are built, the
 loss of one micro-batch and the held-out evaluation; this module owns everything else (processes, data, optimizer,
 schedule, checkpoints, export). Medusa (:mod:`specheads.methods.medusa.train`): Medusa-1 freezes the base, which
 runs once per batch for all heads; Medusa-2 (``lora.enabled``) trains peft LoRA adapters jointly with the heads under
@@ -41,7 +41,7 @@ from transformers import get_scheduler
 
 from specheads.heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, atomic_write
 from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.methods.registry import HEAD_TYPES, HeadType
+from specheads.registry import HEAD_TYPES, HeadType
 from specheads.training.config import ConfigError, RecipeConfig
 from specheads.training.data import build_dataset
 from specheads.training.evaluate import heldout_lm_loss, simulated_tau

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from specheads import EagleHead, HeadCheckpointError
 from specheads.cli import main
 from specheads.export import check_export, export_heads
+from specheads.heads.calibration import Calibration
 
 VOCAB, HIDDEN = 96, 32
 LAYER = [
@@ -328,11 +329,11 @@ def test_serve_commands_name_local_folders_by_absolute_path(tmp_path, monkeypatc
 def test_sglang_tree_flags_come_from_the_calibrated_eagle2_tree(base, trained, tmp_path) -> None:
     head = trained["eagle3"]
     default = export_heads(head, tmp_path / "plain", "eagle3", base_model=base, base_name="org/base")
-    head.calibrated_dynamic = {"top_k": 3, "depth": 5, "total_tokens": 11}
+    head.calibration = Calibration([[0]], dynamic={"top_k": 3, "depth": 5, "total_tokens": 11})
     try:
         calibrated = export_heads(head, tmp_path / "calibrated", "eagle3", base_model=base, base_name="org/base")
     finally:
-        head.calibrated_dynamic = None
+        head.calibration = None
     flags = "--speculative-num-steps 5 --speculative-eagle-topk 3 --speculative-num-draft-tokens 11"
     assert flags in calibrated.commands["sglang"]
     assert flags not in default.commands["sglang"] and "--speculative-eagle-topk 4" in default.commands["sglang"]

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(gguf is None, reason="needs pip install -e '.[gg
 from specheads import assets, load_heads  # noqa: E402
 from specheads.cli import main  # noqa: E402
 from specheads.export import check_export, export_heads  # noqa: E402
-from specheads.export.llamacpp import (  # noqa: E402
+from specheads.methods.eagle.gguf import (  # noqa: E402
     GGUFDraftError,
     check_gguf_draft,
     compare_gguf,

@@ -15,7 +15,7 @@ from helpers import ARCHITECTURES, greedy_reference, tiny_model
 from specheads import SpecDecoder
 from specheads.export import check_export, export_heads
 from specheads.heads import load_heads
-from specheads.methods.registry import HEAD_TYPES, export_formats
+from specheads.registry import HEAD_TYPES, export_formats
 
 METHODS = sorted(HEAD_TYPES)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specheads.training.config import ConfigError
+from specheads.methods.api import (
+    ConfigError,
+)
 
 LOSSES = ("kl", "ce", "dspark")
 POSITION_WEIGHTS = ("decay", "dpace")

@@ -32,12 +32,24 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specheads.inference import kv_cache
-from specheads.inference.drafters import Drafter, chain_proposal, check_speculative_tokens, requested_tree
-from specheads.inference.feature_queue import FeatureQueue
-from specheads.inference.sampling import probabilities, sample
-from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import BlockTree, DynamicTree, TreeBuffers, resolve_tree, tree_from_parents
+from specheads.methods.api import (
+    BlockTree,
+    DecodeState,
+    Drafter,
+    DraftRequest,
+    DynamicTree,
+    FeatureQueue,
+    Proposal,
+    TreeBuffers,
+    chain_proposal,
+    check_speculative_tokens,
+    kv_cache,
+    probabilities,
+    requested_tree,
+    resolve_tree,
+    sample,
+    tree_from_parents,
+)
 from specheads.methods.dflash.heads import DFlashHead
 
 DEFAULT_BUDGET = 16  # DDTree nodes when nothing is calibrated
@@ -83,7 +95,8 @@ class DFlashDrafter(Drafter):
         self.head = head.eval()
         self.name = head.config.variant
         self.hidden_state_layers: tuple[int, ...] = tuple(head.hidden_state_layers)
-        calibrated = getattr(head, "calibrated_budget", None)
+        calibration = getattr(head, "calibration", None)
+        calibrated = calibration.budget if calibration is not None else None
         self.budget = BlockTree(budget or calibrated or DEFAULT_BUDGET).total_tokens
         self.default_tree = self.resolve("ddtree" if tree is None else tree)
 

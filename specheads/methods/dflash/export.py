@@ -19,12 +19,22 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specheads.export.check import CheckReport, EngineVerdict, _architectures, _ids, _tensor_problems, _unknown
-from specheads.export.formats import ExportFormat, _engines, _shape_error
-from specheads.export.layouts import SAFETENSORS_WEIGHTS, SPECULATORS_VERSION
-from specheads.loading import vocab_size
+from specheads.methods.api import (
+    SAFETENSORS_WEIGHTS,
+    SPECULATORS_VERSION,
+    CheckReport,
+    EngineVerdict,
+    ExportFormat,
+    base_layer_shape,
+    config_architectures,
+    id_list,
+    serving_engines,
+    shape_error,
+    tensor_problems,
+    unknown_tensors,
+    vocab_size,
+)
 from specheads.methods.dflash.heads import DFlashConfig, DFlashHead
-from specheads.methods.eagle.heads import base_layer_shape
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
 DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "DSparkDraftModel")
@@ -126,7 +136,7 @@ def _dspark_fields(config: DFlashConfig) -> dict[str, Any]:
 
 def _write_dflash(head, base, name, engines, steps):  # noqa: ANN001, ANN202
     head = _check_variant(head, "dflash", ("dflash",))
-    _engines(engines, {"vllm": "", "sglang": "", "llama.cpp": "", "dflash": ""}, "dflash")
+    serving_engines(engines, {"vllm": "", "sglang": "", "llama.cpp": "", "dflash": ""}, "dflash")
     layers = _base_layers(head, base)
     config = {
         "architectures": [DFLASH_ARCHITECTURE],
@@ -147,7 +157,7 @@ def _write_dflash(head, base, name, engines, steps):  # noqa: ANN001, ANN202
 
 def _write_dspark(head, base, name, engines, steps):  # noqa: ANN001, ANN202
     head = _check_variant(head, "dspark", ("dspark",))
-    _engines(engines, {"vllm": "", "sglang": "", "llama.cpp": ""}, "dspark")
+    serving_engines(engines, {"vllm": "", "sglang": "", "llama.cpp": ""}, "dspark")
     config = {
         "architectures": [DSPARK_ARCHITECTURES[0]],
         **qwen3_config(head.config),
@@ -169,7 +179,7 @@ def _write_speculators(head, base, name, engines, steps):  # noqa: ANN001, ANN20
     head = _check_variant(head, "speculators", ("dflash", "dspark"))
     if base is None:
         raise ValueError("the speculators format names its verifier: pass the base (--base)")
-    _engines(engines, {"vllm": "", "speculators": ""}, "speculators")
+    serving_engines(engines, {"vllm": "", "speculators": ""}, "speculators")
     variant, config_ = head.config.variant, head.config
     drafts = config_.num_drafts
     config = {
@@ -223,18 +233,18 @@ def _layout_fields(config: dict[str, Any], format: str) -> dict[str, Any]:
     """variant, layer_ids (hidden_states indices), block_size, mask_token_id, markov_rank, confidence_head."""
     if format == "speculators":
         variant = config.get("speculators_model_type")
-        ids = _ids(config.get("aux_hidden_state_layer_ids"), "aux_hidden_state_layer_ids")
+        ids = id_list(config.get("aux_hidden_state_layer_ids"), "aux_hidden_state_layer_ids")
         mask, block = config.get("mask_token_id"), config.get("block_size", 8)
     elif format == "dflash":
         variant = "dflash"
         inner = config.get("dflash_config") or {}
-        target = _ids(inner.get("target_layer_ids", config.get("target_layer_ids")), "target_layer_ids")
+        target = id_list(inner.get("target_layer_ids", config.get("target_layer_ids")), "target_layer_ids")
         ids = None if target is None else [i + 1 for i in target]
         mask = inner.get("mask_token_id", config.get("mask_token_id"))
         block = inner.get("block_size", config.get("block_size", 16))
     else:
         variant = "dspark"
-        target = _ids(config.get("target_layer_ids"), "target_layer_ids")
+        target = id_list(config.get("target_layer_ids"), "target_layer_ids")
         ids = None if target is None else [i + 1 for i in target]
         mask, block = config.get("mask_token_id"), config.get("block_size", 8)
     if variant not in ("dflash", "dspark"):
@@ -252,16 +262,16 @@ def _layout_fields(config: dict[str, Any], format: str) -> dict[str, Any]:
 
 def _read(format: str):  # noqa: ANN202
     def read(config: dict[str, Any], tensors: dict[str, torch.Tensor], base: PreTrainedModel, where: str) -> Any:
-        from specheads.heads.checkpoint import base_model_info, load_module_state
+        from specheads.methods.api import base_model_info, load_module_state
 
         layer = _layer_config(config, format)
         fields = _layout_fields(config, format)
         shape = base_layer_shape(base)
         hidden, vocab = int(layer.get("hidden_size", 0)), int(layer.get("vocab_size", vocab_size(base)))
         if hidden != shape["hidden_size"]:
-            raise _shape_error(where, "hidden_size", hidden, shape["hidden_size"])
+            raise shape_error(where, "hidden_size", hidden, shape["hidden_size"])
         if vocab != vocab_size(base):
-            raise _shape_error(where, "vocab_size", vocab, vocab_size(base))
+            raise shape_error(where, "vocab_size", vocab, vocab_size(base))
         if format == "speculators" and config.get("draft_vocab_size", vocab) != vocab:
             raise ValueError("a reduced draft vocabulary: specheads reads full-vocabulary block drafters only")
         rope = layer.get("rope_parameters") or {"rope_type": "default", "rope_theta": layer.get("rope_theta", 1e6)}
@@ -352,8 +362,8 @@ def _common_problems(config: dict[str, Any], layer: dict[str, Any], tensors: dic
             problems.append(f"markov_rank {rank}: DSpark needs a Markov head (rank >= 1)")
     confidence = variant == "dspark" and bool(fields.get("confidence_head"))
     expected = _expected_tensors(layer, len(ids), variant, rank, confidence, vocab)
-    problems += _tensor_problems(tensors, expected, {})
-    stray = _unknown(tensors, set(expected))
+    problems += tensor_problems(tensors, expected, {})
+    stray = unknown_tensors(tensors, set(expected))
     if stray:
         problems.append(f"tensors no engine knows {stray[:6]} (vLLM raises on unknown names; the full-vocabulary "
                         "embedding and lm_head come from the target)")  # fmt: skip
@@ -365,8 +375,8 @@ def _check_dflash(config: dict[str, Any], tensors: dict[str, torch.Tensor], repo
     layers = config.get("num_target_layers")
     report.problems += _common_problems(config, config, tensors, fields, layers)
     engines = []
-    if DFLASH_ARCHITECTURE not in _architectures(config):
-        report.problems.append(f"architectures {_architectures(config)}: vLLM and SGLang look for "
+    if DFLASH_ARCHITECTURE not in config_architectures(config):
+        report.problems.append(f"architectures {config_architectures(config)}: vLLM and SGLang look for "
                                f"{DFLASH_ARCHITECTURE}")  # fmt: skip
     sglang = []
     if not isinstance(layers, int):
@@ -384,8 +394,8 @@ def _check_dflash(config: dict[str, Any], tensors: dict[str, torch.Tensor], repo
 def _check_dspark(config: dict[str, Any], tensors: dict[str, torch.Tensor], report: CheckReport) -> None:
     fields = _layout_fields(config, "dspark")
     report.problems += _common_problems(config, config, tensors, fields, config.get("num_target_layers"))
-    if not any(a in DSPARK_ARCHITECTURES for a in _architectures(config)):
-        report.problems.append(f"architectures {_architectures(config)}: vLLM and SGLang look for "
+    if not any(a in DSPARK_ARCHITECTURES for a in config_architectures(config)):
+        report.problems.append(f"architectures {config_architectures(config)}: vLLM and SGLang look for "
                                f"{DSPARK_ARCHITECTURES[0]}")  # fmt: skip
     sglang, vllm = [], []
     if "markov_head_type" not in config:
@@ -447,7 +457,7 @@ FORMATS = {
         read=_read("dflash"),
         check=_check_dflash,
         detect=lambda config, names: (
-            _speculators_type(config) is None and DFLASH_ARCHITECTURE in _architectures(config)
+            _speculators_type(config) is None and DFLASH_ARCHITECTURE in config_architectures(config)
         ),
     ),
     "dspark": ExportFormat(
@@ -457,7 +467,7 @@ FORMATS = {
         read=_read("dspark"),
         check=_check_dspark,
         detect=lambda config, names: (
-            _speculators_type(config) is None and any(a in DSPARK_ARCHITECTURES for a in _architectures(config))
+            _speculators_type(config) is None and any(a in DSPARK_ARCHITECTURES for a in config_architectures(config))
         ),
     ),
     "speculators": ExportFormat(

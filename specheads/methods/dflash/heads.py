@@ -40,9 +40,13 @@ from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
-from specheads.heads.checkpoint import DraftHeads, base_model_info
-from specheads.loading import vocab_size
-from specheads.methods.eagle.heads import base_layer_shape
+from specheads.methods.api import (
+    Calibration,
+    DraftHeads,
+    base_layer_shape,
+    base_model_info,
+    vocab_size,
+)
 
 VARIANTS = ("dflash", "dspark")
 
@@ -307,7 +311,7 @@ class DFlashHead(DraftHeads):
     def __init__(self, config: DFlashConfig, base_model: PreTrainedModel | None = None) -> None:
         super().__init__()
         self.config = config
-        self.calibrated_budget: int | None = None  # set by load_heads when a tree.json is present
+        self.calibration: Calibration | None = None  # set by load_heads when a tree.json is present
         hidden = config.hidden_size
         self.fc = nn.Linear(len(config.layer_ids) * hidden, hidden, bias=False)
         self.hidden_norm = RMSNorm(hidden, eps=config.rms_norm_eps)

@@ -23,10 +23,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specheads.methods.api import (
+    RANKS,
+    agreement_summary,
+    base_output,
+)
 from specheads.methods.dflash.config import DFlashHeadsConfig
 from specheads.methods.dflash.heads import DFlashHead
-from specheads.training.evaluate import RANKS, agreement_summary
-from specheads.training.features import base_output
 
 EVAL_ANCHORS = 128  # anchors per held-out sequence, evenly spaced over its valid positions
 TREE_BUDGETS = (4, 8, 16, 32)  # DDTree node budgets whose tau the evaluation estimates

@@ -6,9 +6,13 @@ from typing import Any
 
 import torch
 
+from specheads.methods.api import (
+    TeacherLogits,
+    base_output,
+    linear_cross_entropy,
+    projected_top_k,
+)
 from specheads.methods.draft_lm.heads import DraftLM
-from specheads.training.features import base_output
-from specheads.training.losses import TeacherLogits, linear_cross_entropy, projected_top_k
 
 
 def build_heads(base: torch.nn.Module, section: Any, dataset: Any) -> DraftLM:

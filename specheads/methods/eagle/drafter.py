@@ -26,11 +26,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specheads.inference import kv_cache
-from specheads.inference.drafters import Drafter, check_speculative_tokens, requested_tree
-from specheads.inference.feature_queue import FeatureQueue
-from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import DynamicTree, TreeBuffers, resolve_tree, tree_from_parents
+from specheads.methods.api import (
+    DecodeState,
+    Drafter,
+    DraftRequest,
+    DynamicTree,
+    FeatureQueue,
+    Proposal,
+    TreeBuffers,
+    check_speculative_tokens,
+    kv_cache,
+    requested_tree,
+    resolve_tree,
+    tree_from_parents,
+)
 
 DEFAULT_DYNAMIC = DynamicTree(top_k=4, depth=4, total_tokens=8)  # small: what pays on a CPU (see calibrate)
 
@@ -78,10 +87,10 @@ class EagleDrafter(Drafter):
     ) -> None:
         self.head = head.eval()
         self.hidden_state_layers: tuple[int, ...] = tuple(head.hidden_state_layers)
-        calibrated = getattr(head, "calibrated_dynamic", None)
+        calibration = getattr(head, "calibration", None)
+        calibrated = calibration.dynamic if calibration is not None else None
         self.dynamic = dynamic or (DynamicTree(**calibrated) if calibrated else DEFAULT_DYNAMIC)
-        calibrated_tree = getattr(head, "calibrated_tree", None)
-        self.auto_tree = resolve_tree(calibrated_tree) if calibrated_tree is not None else None
+        self.auto_tree = resolve_tree(calibration.tree) if calibration is not None else None
         self.default_tree = self.resolve("dynamic" if tree is None else tree)
 
     def resolve(self, tree: str | list | DynamicTree) -> TreeBuffers | DynamicTree:

@@ -13,28 +13,29 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, PreTrainedModel
 
-from specheads.export.check import (
+from specheads.methods.api import (
+    SPECULATORS_VERSION,
     CheckReport,
     EngineVerdict,
-    _architectures,
-    _ids,
-    _nonzero_bias,
-    _tensor_problems,
-    _unknown,
-)
-from specheads.export.formats import (
     ExportFormat,
     ExportResult,
-    _engines,
-    _llamacpp_command,
-    _shape_error,
-    _speculative_tokens,
-    _vllm_command,
+    HeadCheckpointError,
     check_heads,
+    config_architectures,
+    id_list,
+    llamacpp_command,
+    nonzero_bias,
+    serving_engines,
+    shape_error,
+    speculative_tokens,
+    tensor_problems,
+    unknown_tensors,
+    vllm_command,
+    vocab_size,
 )
-from specheads.export.layouts import (
+from specheads.methods.eagle.heads import EagleConfig, EagleHead, default_layer_ids
+from specheads.methods.eagle.layouts import (
     EAGLE_WEIGHTS,
-    SPECULATORS_VERSION,
     draft_map_problems,
     eagle1_shapes,
     eagle3_shapes,
@@ -44,9 +45,6 @@ from specheads.export.layouts import (
     swap_prefix,
     vllm_layer_ids,
 )
-from specheads.heads.checkpoint import HeadCheckpointError
-from specheads.loading import vocab_size
-from specheads.methods.eagle.heads import EagleConfig, EagleHead, default_layer_ids
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 SGLANG_EAGLE1 = "LlamaForCausalLMEagle"
@@ -69,7 +67,11 @@ def _draft_layer_config(head: EagleHead, architectures: list[str] | None) -> dic
 
 
 def _sglang_tree(heads: EagleHead, steps: int) -> str:
-    dynamic = heads.calibrated_dynamic or {"top_k": 4, "depth": steps, "total_tokens": 8}
+    dynamic = (heads.calibration.dynamic if heads.calibration is not None else None) or {
+        "top_k": 4,
+        "depth": steps,
+        "total_tokens": 8,
+    }
     return (
         f"--speculative-num-steps {dynamic['depth']} --speculative-eagle-topk {dynamic['top_k']} "
         f"--speculative-num-draft-tokens {dynamic['total_tokens']}"
@@ -109,14 +111,14 @@ def _eagle3_tensors(head: EagleHead, format: str) -> tuple[list[int], dict[str, 
 
 def _eagle3(head, base, name, engines, steps):  # noqa: ANN001, ANN202 (one of four writers with one signature)
     check_heads(head, "eagle3", EagleHead, 3)
-    steps = _speculative_tokens(head, steps)
+    steps = speculative_tokens(head, steps)
     ids, tensors = _eagle3_tensors(head, "eagle3")
     possible = {"vllm": "", "sglang": ""}
     if min(ids) < 1:
         possible["sglang"] = f"layer_ids {ids} read the embeddings (hidden_states[0]), which SGLang cannot capture"
     elif head.config.norm_before_residual:
         possible["sglang"] = "norm_before_residual heads: SGLang's EAGLE-3 layer has no such variant"
-    serve = _engines(engines, possible, "eagle3")
+    serve = serving_engines(engines, possible, "eagle3")
     config = _draft_layer_config(head, ["LlamaForCausalLMEagle3"] if "sglang" in serve else ["Eagle3LlamaForCausalLM"])
     config.update(
         draft_vocab_size=head.config.draft_vocab_size,
@@ -128,9 +130,9 @@ def _eagle3(head, base, name, engines, steps):  # noqa: ANN001, ANN202 (one of f
     )
     if "sglang" in serve:
         config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = sglang_layer_ids(ids)
-    commands = {"vllm": _vllm_command(name, "eagle3", steps)}
+    commands = {"vllm": vllm_command(name, "eagle3", steps)}
     if len(ids) == 3:
-        commands["llama.cpp"] = _llamacpp_command(name, steps)
+        commands["llama.cpp"] = llamacpp_command(name, steps)
     if "sglang" in serve:
         commands["sglang"] = (
             f"python -m sglang.launch_server --model-path {name or '<base>'} --speculative-algorithm EAGLE3 "
@@ -151,8 +153,8 @@ def _speculators(head, base, name, engines, steps):  # noqa: ANN001, ANN202
             "the speculators format needs the base (--base): it writes the base's embed_tokens, which speculators "
             "does not fill in itself, and names the verifier"
         )
-    _engines(engines, {"vllm": "", "speculators": ""}, "speculators")
-    steps = _speculative_tokens(head, steps)
+    serving_engines(engines, {"vllm": "", "speculators": ""}, "speculators")
+    steps = speculative_tokens(head, steps)
     ids, state = _eagle3_tensors(head, "speculators")
     layer = _draft_layer_config(head, ["LlamaForCausalLM"])
     config = {
@@ -187,16 +189,16 @@ def _speculators(head, base, name, engines, steps):  # noqa: ANN001, ANN202
     }
     tensors = rename(state, swap_prefix("midlayer.", "layers.0."))
     tensors["embed_tokens.weight"] = base.get_input_embeddings().weight
-    commands = {"vllm": _vllm_command(name, "eagle3", steps)}
+    commands = {"vllm": vllm_command(name, "eagle3", steps)}
     if len(ids) == 3:
-        commands["llama.cpp"] = _llamacpp_command(name, steps)
+        commands["llama.cpp"] = llamacpp_command(name, steps)
     notes = ["load in Python with speculators: SpeculatorModel.from_pretrained(out) (the verifier path must load)"]
     return config, tensors, commands, notes
 
 
 def _eagle1(head, base, name, engines, steps):  # noqa: ANN001, ANN202
     check_heads(head, "eagle", EagleHead, 1)
-    steps = _speculative_tokens(head, steps)
+    steps = speculative_tokens(head, steps)
     bias = head.fc.bias
     nonzero = bias is not None and bool(bias.abs().max() > 0)
     possible = {
@@ -206,7 +208,7 @@ def _eagle1(head, base, name, engines, steps):  # noqa: ANN001, ANN202
         if nonzero
         else "",
     }
-    serve = _engines(engines, possible, "eagle")
+    serve = serving_engines(engines, possible, "eagle")
     architectures = (["LlamaForCausalLMEagle"] if "sglang" in serve else []) + (
         ["EagleLlamaForCausalLM"] if "vllm" in serve else []
     )
@@ -223,13 +225,19 @@ def _eagle1(head, base, name, engines, steps):  # noqa: ANN001, ANN202
             f"--speculative-draft-model-path {{out}} {_sglang_tree(head, steps)}"
         )
     if "vllm" in serve:
-        commands["vllm"] = _vllm_command(name, "eagle", steps)
+        commands["vllm"] = vllm_command(name, "eagle", steps)
     notes = [f"{e} not served: {possible[e]}" for e in possible if possible[e]]
     return config, tensors, commands, notes
 
 
+def _check_gguf_file(path, target):  # noqa: ANN001, ANN202
+    from specheads.methods.eagle import gguf
+
+    return gguf.check_gguf_draft(path, gguf.read_target_gguf(target) if target else None)
+
+
 def _export_gguf(heads, out, base, base_name, steps, dtype, target_gguf):  # noqa: ANN001, ANN202
-    from specheads.export import llamacpp
+    from specheads.methods.eagle import gguf as llamacpp
 
     check_heads(heads, "gguf", EagleHead, 3)
     out = Path(out)
@@ -248,7 +256,7 @@ def _export_gguf(heads, out, base, base_name, steps, dtype, target_gguf):  # noq
                 "folder with its tokenizer (--base)"
             )
         target = llamacpp.target_vocab_from_tokenizer(folder, heads.config.vocab_size)
-    steps = _speculative_tokens(heads, steps)
+    steps = speculative_tokens(heads, steps)
     config, tensors, _, notes = _eagle3(heads, base, base_name or "", None, steps)
     report = llamacpp.write_gguf_draft(config, tensors, out, target, dtype)
     base_gguf = str(Path(target_gguf).resolve()) if target_gguf is not None else "<base.gguf>"
@@ -297,9 +305,9 @@ def _import_eagle(
     hidden = int(base.get_output_embeddings().weight.shape[1])
     vocab = vocab_size(base)
     if llama.hidden_size != hidden:
-        raise _shape_error(where, "the hidden size", llama.hidden_size, hidden)
+        raise shape_error(where, "the hidden size", llama.hidden_size, hidden)
     if llama.vocab_size != vocab:
-        raise _shape_error(where, "the vocabulary size", llama.vocab_size, vocab)
+        raise shape_error(where, "the vocabulary size", llama.vocab_size, vocab)
     if version == 1:
         ids = [num_layers]
     elif ids is None:
@@ -353,7 +361,7 @@ def _draft_map(tensors: dict[str, torch.Tensor], vocab: int, draft_vocab: int, w
         raise HeadCheckpointError(f"{where}: a reduced draft vocabulary ({draft_vocab} of {vocab}) without d2t or t2d")
     if d2t is None:
         if t2d.numel() != vocab:
-            raise _shape_error(where, "t2d's length", t2d.numel(), vocab)
+            raise shape_error(where, "t2d's length", t2d.numel(), vocab)
         targets = t2d.bool().nonzero().flatten()
         d2t = targets - torch.arange(targets.numel())
     d2t = d2t.long()
@@ -369,9 +377,9 @@ def _draft_map(tensors: dict[str, torch.Tensor], vocab: int, draft_vocab: int, w
 def _eagle3_tensor_rules(
     config: dict[str, Any], layer_config: dict[str, Any], tensors: dict[str, torch.Tensor], report: CheckReport
 ) -> tuple[set[str], str]:
-    top_ids = _ids(config.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids")
+    top_ids = id_list(config.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids")
     eagle_config = config.get("eagle_config") or {}
-    sglang_ids = _ids(eagle_config.get("eagle_aux_hidden_state_layer_ids"), "eagle_config ids")
+    sglang_ids = id_list(eagle_config.get("eagle_aux_hidden_state_layer_ids"), "eagle_config ids")
     num_aux = int(config.get("num_aux_hidden_states") or len(top_ids or sglang_ids or [0, 0, 0]))
     geometry = llama_geometry(layer_config, config.get("draft_vocab_size"), num_aux)
     prefixes = {p for p in ("midlayer.", "layers.0.") if any(n.startswith(p) for n in tensors)}
@@ -384,7 +392,7 @@ def _eagle3_tensor_rules(
     optional = {"embed_tokens.weight": (geometry.vocab_size, geometry.hidden_size)}
     if "t2d" in expected:  # vLLM's and SGLang's EAGLE-3 loaders skip t2d (ModelOpt never writes it); speculators
         optional["t2d"] = expected.pop("t2d")  # needs it, which its own verdict checks
-    report.problems += _tensor_problems(tensors, expected, optional)
+    report.problems += tensor_problems(tensors, expected, optional)
     if geometry.reduced_vocab:
         report.problems += draft_map_problems(
             tensors.get("d2t"), tensors.get("t2d"), geometry.vocab_size, geometry.draft_vocab_size
@@ -405,7 +413,7 @@ def _eagle3_tensor_rules(
 
 def _vllm_eagle3(config: dict[str, Any], tensors: dict[str, torch.Tensor], known: set[str]) -> list[str]:
     problems = []
-    for name in _unknown(tensors, known | {"t2d", "d2t"}):
+    for name in unknown_tensors(tensors, known | {"t2d", "d2t"}):
         if not name.endswith(".bias"):
             problems.append(f"unknown tensor {name}: vLLM raises ValueError (no parameter named {name})")
     draft_vocab = config.get("draft_vocab_size")
@@ -413,14 +421,14 @@ def _vllm_eagle3(config: dict[str, Any], tensors: dict[str, torch.Tensor], known
     if "d2t" in tensors and draft_vocab in (None, layer_config.get("vocab_size")):
         problems.append("d2t with a full draft vocabulary: vLLM has no draft_id_to_target_id then and raises")
     for name in sorted(n for n in tensors if n.endswith(".bias")):
-        if _nonzero_bias(tensors, name):
+        if nonzero_bias(tensors, name):
             problems.append(f"{name} is non-zero: vLLM's EAGLE-3 drops .bias tensors silently")
     return problems
 
 
 def _check_eagle3(config: dict[str, Any], tensors: dict[str, torch.Tensor], report: CheckReport) -> None:
     known, _ = _eagle3_tensor_rules(config, config, tensors, report)
-    architectures = _architectures(config)
+    architectures = config_architectures(config)
     targeted = any(a in EAGLE3_ARCHITECTURES for a in architectures)
     top_ids = config.get("eagle_aux_hidden_state_layer_ids")
     sglang_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -441,7 +449,7 @@ def _check_eagle3(config: dict[str, Any], tensors: dict[str, torch.Tensor], repo
     else:
         sglang.problems += [
             f"unknown tensor {name}: SGLang skips it without a word"
-            for name in _unknown(tensors, known | {"t2d", "d2t"})
+            for name in unknown_tensors(tensors, known | {"t2d", "d2t"})
         ]
         if config.get("tie_word_embeddings"):
             sglang.problems.append("tie_word_embeddings is true: SGLang then uses the embedding as lm_head")
@@ -459,7 +467,7 @@ def _check_eagle3(config: dict[str, Any], tensors: dict[str, torch.Tensor], repo
                 f"layer-id conventions disagree: top-level (vLLM, hidden_states index) {top_ids} must be "
                 f"eagle_config's (SGLang, output of layer id) {sglang_ids} + 1"
             )
-        if _nonzero_bias(tensors, "fc.bias") and not config.get("bias"):
+        if nonzero_bias(tensors, "fc.bias") and not config.get("bias"):
             sglang.problems.append("fc.bias is non-zero but config 'bias' is false: SGLang builds fc without it")
     report.verdicts += [
         vllm,
@@ -472,7 +480,7 @@ def _check_eagle3(config: dict[str, Any], tensors: dict[str, torch.Tensor], repo
 def _llamacpp_verdict(top_ids: Any) -> EngineVerdict:
     """llama.cpp's converter reads the top-level ids (its default [2, L//2, L-3] when absent) and its EAGLE-3 graph
     exactly three of them; heads with another count are simply not for llama.cpp."""
-    from specheads.export.llamacpp import NUM_TARGET_LAYERS, layer_id_problems
+    from specheads.methods.eagle.gguf import NUM_TARGET_LAYERS, layer_id_problems
 
     if isinstance(top_ids, list) and len(top_ids) != NUM_TARGET_LAYERS:
         note = f"its EAGLE-3 graph reads exactly 3 feature layers, not {top_ids}"
@@ -527,7 +535,7 @@ def _check_speculators(config: dict[str, Any], tensors: dict[str, torch.Tensor],
     if reduced and "t2d" not in tensors:
         speculators.problems.append("no t2d with a reduced draft vocabulary: speculators fails to load the lm_head")
     speculators.problems += [
-        f"unknown tensor {name}: speculators ignores it" for name in _unknown(tensors, known | {"t2d", "d2t"})
+        f"unknown tensor {name}: speculators ignores it" for name in unknown_tensors(tensors, known | {"t2d", "d2t"})
     ]
     report.verdicts += [
         vllm,
@@ -542,14 +550,14 @@ def _check_eagle1(config: dict[str, Any], tensors: dict[str, torch.Tensor], repo
     expected = eagle1_shapes(geometry)
     optional = {"embed_tokens.weight": (geometry.vocab_size, geometry.hidden_size)}
     bias = expected.pop("fc.bias")
-    report.problems += _tensor_problems(tensors, expected, {**optional, "fc.bias": bias})
+    report.problems += tensor_problems(tensors, expected, {**optional, "fc.bias": bias})
     known = set(expected) | set(optional) | {"fc.bias"}
     if config.get("bias") or config.get("attention_bias"):
         report.problems.append(
             "bias / attention_bias is true: SGLang and vLLM then give q/k/v/o a bias the file lacks (vLLM: "
             "torch.empty); the fc bias needs no config field"
         )
-    architectures = _architectures(config)
+    architectures = config_architectures(config)
     sglang = EngineVerdict("sglang", SGLANG_EAGLE1 in architectures)
     if not sglang.targeted:
         sglang.note = f"architectures {architectures} lacks {SGLANG_EAGLE1}"
@@ -557,17 +565,18 @@ def _check_eagle1(config: dict[str, Any], tensors: dict[str, torch.Tensor], repo
         if "fc.bias" not in tensors:
             sglang.problems.append("no fc.bias: SGLang's EAGLE-1 fc has a bias and would keep its initial value")
         sglang.problems += [
-            f"unknown tensor {name}: SGLang skips it with only a log warning" for name in _unknown(tensors, known)
+            f"unknown tensor {name}: SGLang skips it with only a log warning"
+            for name in unknown_tensors(tensors, known)
         ]
     vllm = EngineVerdict("vllm", any(a in VLLM_EAGLE1 for a in architectures))
     if not vllm.targeted:
         vllm.note = f"architectures {architectures} lacks EagleLlamaForCausalLM (vLLM not asked for)"
     else:
         vllm.note = "method eagle"
-        for name in _unknown(tensors, known):
+        for name in unknown_tensors(tensors, known):
             if not name.endswith(".bias"):
                 vllm.problems.append(f"unknown tensor {name}: vLLM raises ValueError (no parameter named {name})")
-        if _nonzero_bias(tensors, "fc.bias"):
+        if nonzero_bias(tensors, "fc.bias"):
             vllm.problems.append(
                 "fc.bias is non-zero: vLLM's EAGLE-1 fc has no bias and drops it silently (train with "
                 "heads.fc_bias=false to serve on vLLM)"
@@ -584,7 +593,7 @@ def _eagle_layout(config: dict[str, Any], names: set[str] | None) -> int | None:
     """3 or 1 for an EAGLE-3 / EAGLE-1 engine layout (not speculators, not Medusa), else None."""
     if _is_speculators(config, names) or "medusa_num_heads" in config:
         return None
-    architectures = _architectures(config)
+    architectures = config_architectures(config)
     if any("Eagle3" in a for a in architectures):
         return 3
     if any("Eagle" in a for a in architectures):
@@ -628,5 +637,5 @@ FORMATS = {
         check=_check_eagle1,
         detect=lambda config, names: _eagle_layout(config, names) == 1,
     ),
-    "gguf": ExportFormat("gguf", "", export=_export_gguf),
+    "gguf": ExportFormat("gguf", "", export=_export_gguf, suffix=".gguf", check_file=_check_gguf_file),
 }

@@ -40,15 +40,19 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from specheads.heads.checkpoint import (
+from specheads.methods.api import (
+    Calibration,
     DraftHeads,
     HeadCheckpointError,
+    Readout,
+    base_layer_shape,
     base_model_info,
+    check_draft_map,
+    draft_maps,
+    kv_cache,
+    select_draft_vocab,
+    vocab_size,
 )
-from specheads.heads.vocab import check_draft_map, draft_maps, select_draft_vocab
-from specheads.inference import kv_cache
-from specheads.loading import vocab_size
-from specheads.methods.registry import Readout
 
 
 @dataclass
@@ -132,32 +136,6 @@ def check_layer_ids(layer_ids: Sequence[int], num_hidden_layers: int) -> list[in
     return ids
 
 
-def base_layer_shape(base: PreTrainedModel) -> dict[str, Any]:
-    """The draft layer's dimensions read from any transformers base config (Llama, Qwen2, Mistral, GPT-2, ...)."""
-    config = base.config
-    hidden = int(base.get_output_embeddings().weight.shape[1])
-    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "n_head", 0))
-    kv_heads = int(getattr(config, "num_key_value_heads", 0) or heads)
-    head_dim = int(getattr(config, "head_dim", 0) or hidden // heads)
-    intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
-    eps = getattr(config, "rms_norm_eps", None) or getattr(config, "layer_norm_epsilon", None) or 1e-6
-    rope = getattr(config, "rope_parameters", None) or {}
-    rope = {k: v for k, v in dict(rope).items() if isinstance(v, (int, float, str, list, dict)) or v is None}
-    rope.setdefault("rope_type", "default")
-    rope.setdefault("rope_theta", float(getattr(config, "rope_theta", 10000.0) or 10000.0))
-    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 2048
-    return {
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": int(intermediate),
-        "rms_norm_eps": float(eps),
-        "rope_parameters": rope,
-        "max_position_embeddings": int(positions),
-    }
-
-
 class Eagle3Layer(nn.Module):
     """EAGLE-3's decoder layer: attention over ``[input_layernorm(embedding) ; hidden_norm(feature)]``.
 
@@ -215,8 +193,7 @@ class EagleHead(DraftHeads):
     def __init__(self, config: EagleConfig, base_model: PreTrainedModel | None = None) -> None:
         super().__init__()
         self.config = config
-        self.calibrated_tree: list[list[int]] | None = None  # set by load_heads when a tree.json is present
-        self.calibrated_dynamic: dict[str, int] | None = None
+        self.calibration: Calibration | None = None  # set by load_heads when a tree.json is present
         hidden = config.hidden_size
         layer_config = config.llama_config()
         if config.version == 1:

@@ -16,12 +16,20 @@ from typing import Any
 
 import torch
 
-from specheads.loading import vocab_size
+from specheads.methods.api import (
+    RANKS,
+    UnrolledLosses,
+    agreement_summary,
+    base_output,
+    eagle1_loss,
+    eagle_loss,
+    projected_top_k,
+    teacher_logits,
+    ttt_weights,
+    vocab_size,
+)
 from specheads.methods.eagle.config import EagleHeadsConfig
 from specheads.methods.eagle.heads import EagleHead
-from specheads.training.evaluate import RANKS, agreement_summary
-from specheads.training.features import base_output, teacher_logits
-from specheads.training.losses import UnrolledLosses, eagle1_loss, eagle_loss, projected_top_k, ttt_weights
 
 
 def build_heads(base: torch.nn.Module, section: EagleHeadsConfig, dataset: Any) -> EagleHead:

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from specheads.inference.drafters import Drafter, _check_chain_request
-from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import chain_choices, resolve_tree, tree_from_choices
+from specheads.methods.api import (
+    DecodeState,
+    Drafter,
+    DraftRequest,
+    Proposal,
+    chain_choices,
+    check_chain_request,
+    resolve_tree,
+    tree_from_choices,
+)
 
 
 class MedusaDrafter(Drafter):
@@ -23,8 +30,8 @@ class MedusaDrafter(Drafter):
     def __init__(self, heads: torch.nn.Module, tree: str | list | None = None) -> None:
         self.heads = heads.eval()
         self.num_heads = heads.config.num_heads
-        calibrated = getattr(heads, "calibrated_tree", None)
-        self.auto_tree = resolve_tree(calibrated) if calibrated is not None else None  # [] is a valid tree
+        calibration = getattr(heads, "calibration", None)
+        self.auto_tree = resolve_tree(calibration.tree) if calibration is not None else None  # [] is a valid tree
         if tree is None:
             self.default_tree = self.auto_tree or resolve_tree(f"chain-{self.num_heads}")
         else:
@@ -55,7 +62,7 @@ class MedusaDrafter(Drafter):
 
     def check_request(self, request: DraftRequest) -> None:
         if request.tree is None and request.num_speculative_tokens is not None:
-            _check_chain_request(request, self.num_heads)
+            check_chain_request(request, self.num_heads)
         tree = self._tree(request)
         self._check_depth(tree.max_depth)
         vocab = self.heads.config.vocab_size

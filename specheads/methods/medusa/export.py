@@ -1,6 +1,9 @@
-"""Medusa heads in the layout the Medusa repository (FasterDecoding) and TensorRT-LLM read: written, read back,
+"""Medusa heads in the layout the Medusa repository (FasterDecoding), TGI and TensorRT-LLM read: written, read back,
 checked against its loading rules and recognised here; :mod:`specheads.export.formats` runs it through the method's
 registry entry.
+
+The layout: ``medusa_lm_head.safetensors`` with ``{head}.{layer}.linear.*`` and, per head,
+``{head}.{num_layers}.weight`` (its own lm_head); a config without ``architectures``.
 """
 
 from __future__ import annotations
@@ -11,12 +14,33 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specheads.export.check import CheckReport, EngineVerdict, _tensor_problems, _unknown
-from specheads.export.formats import ExportFormat, _engines, _shape_error, check_heads
-from specheads.export.layouts import MEDUSA_WEIGHTS, medusa_shapes
-from specheads.heads.checkpoint import HeadCheckpointError
-from specheads.loading import vocab_size
+from specheads.methods.api import (
+    CheckReport,
+    EngineVerdict,
+    ExportFormat,
+    HeadCheckpointError,
+    check_heads,
+    serving_engines,
+    shape_error,
+    tensor_problems,
+    unknown_tensors,
+    vocab_size,
+)
 from specheads.methods.medusa.heads import MedusaConfig, MedusaHeads
+
+MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
+
+
+def medusa_shapes(num_heads: int, num_layers: int, hidden: int, vocab: int, own_lm_head: bool) -> dict[str, tuple]:
+    """``{head}.{layer}.linear.{weight,bias}`` and, with own lm_heads, ``{head}.{num_layers}.weight``."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for head in range(num_heads):
+        for layer in range(num_layers):
+            shapes[f"{head}.{layer}.linear.weight"] = (hidden, hidden)
+            shapes[f"{head}.{layer}.linear.bias"] = (hidden,)
+        if own_lm_head:
+            shapes[f"{head}.{num_layers}.weight"] = (vocab, hidden)
+    return shapes
 
 
 def _medusa(heads, base, name, engines, steps):  # noqa: ANN001, ANN202
@@ -44,7 +68,7 @@ def _medusa(heads, base, name, engines, steps):  # noqa: ANN001, ANN202
         "tensorrt-llm": "" if own else "TensorRT-LLM reads only heads with their own lm_head (pass --base)",
         "fasterdecoding": "",
     }
-    serve = _engines(engines, possible, "medusa")
+    serve = serving_engines(engines, possible, "medusa")
     config = {
         "medusa_num_heads": config_h.num_heads,
         "medusa_num_layers": layers,
@@ -75,7 +99,7 @@ def _import_medusa(
     if first is None:
         raise HeadCheckpointError(f"{where}: no 0.0.linear.weight; not a Medusa head file")
     if tuple(first.shape) != (hidden, hidden):
-        raise _shape_error(where, "the hidden size", int(first.shape[1]), hidden)
+        raise shape_error(where, "the hidden size", int(first.shape[1]), hidden)
     own = f"0.{layers}.weight" in tensors
     native = {}
     for head in range(heads):
@@ -85,7 +109,7 @@ def _import_medusa(
         if own:
             lm_head = tensors.pop(f"{head}.{layers}.weight")
             if tuple(lm_head.shape) != (vocab, hidden):
-                raise _shape_error(where, f"head {head}'s lm_head shape", list(lm_head.shape), [vocab, hidden])
+                raise shape_error(where, f"head {head}'s lm_head shape", list(lm_head.shape), [vocab, hidden])
             native[f"lm_heads.{head}.weight"] = lm_head
     if tensors:
         raise HeadCheckpointError(f"{where}: tensors that fit no Medusa head: {sorted(tensors)[:4]}")
@@ -115,8 +139,8 @@ def _check_medusa(config: dict[str, Any], tensors: dict[str, torch.Tensor], repo
         if field_name in config and config[field_name] != value and (field_name != "vocab_size" or own):
             report.problems.append(f"config {field_name} {config[field_name]} but the tensors have {value}")
     expected = medusa_shapes(heads, layers, hidden, vocab, own)
-    report.problems += _tensor_problems(tensors, expected, {})
-    extra = _unknown(tensors, set(expected))
+    report.problems += tensor_problems(tensors, expected, {})
+    extra = unknown_tensors(tensors, set(expected))
     report.problems += [f"unknown tensor {name}: Medusa loaders ignore it without a word" for name in extra]
     tgi = EngineVerdict("tgi", True)
     if "architectures" in config:

@@ -15,11 +15,12 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from specheads.heads.checkpoint import (
+from specheads.methods.api import (
+    Calibration,
     DraftHeads,
+    Readout,
     base_model_info,
 )
-from specheads.methods.registry import Readout
 
 
 class ResBlock(nn.Module):
@@ -70,7 +71,7 @@ class MedusaHeads(DraftHeads):
     def __init__(self, config: MedusaConfig, base_lm_head: nn.Linear | None = None) -> None:
         super().__init__()
         self.config = config
-        self.calibrated_tree: list[list[int]] | None = None  # set by load_heads when a tree.json is present
+        self.calibration: Calibration | None = None  # set by load_heads when a tree.json is present
         hidden, vocab = config.hidden_size, config.vocab_size
         # One ModuleList per head with distinct blocks (never `[ResBlock(h)] * L`, which repeats one module).
         self.blocks = nn.ModuleList(

@@ -6,16 +6,16 @@ from typing import Any
 
 import torch
 
-from specheads.methods.medusa.config import HeadsConfig
-from specheads.methods.medusa.heads import MedusaHeads
-from specheads.training.features import base_output
-from specheads.training.losses import (
+from specheads.methods.api import (
+    base_output,
     distillation_loss,
     lm_loss,
     medusa2_head_weights,
     medusa_head_loss,
     stack_head_losses,
 )
+from specheads.methods.medusa.config import HeadsConfig
+from specheads.methods.medusa.heads import MedusaHeads
 
 
 def build_heads(base: torch.nn.Module, section: HeadsConfig, dataset: Any) -> MedusaHeads:

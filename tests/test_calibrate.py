@@ -9,8 +9,8 @@ import torch
 from helpers import greedy_reference, tiny_model, tiny_tokenizer
 
 from specheads import SpecDecoder
+from specheads.calibrate import choose_tree, grow_tree, measure_verify_cost
 from specheads.heads import MedusaHeads, load_heads
-from specheads.inference.calibrate import choose_tree, grow_tree, measure_verify_cost
 
 AGREEMENT = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.1], [0.4, 0.1, 0.05]]
 
@@ -75,7 +75,7 @@ def test_calibrate_command_writes_an_auto_tree_that_decodes_losslessly(tmp_path)
     )
     record = json.loads((tmp_path / "heads" / "tree.json").read_text())
     heads = load_heads(tmp_path / "heads", base)
-    assert heads.calibrated_tree == record["choices"]
+    assert heads.calibration.tree == record["choices"]
     decoder = SpecDecoder.from_pretrained(base, heads=str(tmp_path / "heads"))
     prompt = torch.tensor([[5, 6, 7, 8]])
     out = decoder.generate(prompt, max_new_tokens=12, tree="auto")  # an empty tree decodes plainly
@@ -118,7 +118,7 @@ def test_calibrate_eagle_heads_writes_a_static_tree_and_dynamic_parameters(tmp_p
 
 
 def test_dynamic_parameters_cover_the_tree_shape() -> None:
-    from specheads.inference.calibrate import dynamic_parameters
+    from specheads.calibrate import dynamic_parameters
 
     assert dynamic_parameters([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]) == {
         "top_k": 2,  # ranks 0-1; two nodes expanded at depth 1
@@ -209,7 +209,7 @@ def test_tree_json_is_written_with_a_plain_files_permissions(tmp_path) -> None:
     import os
     import stat
 
-    from specheads.inference.calibrate import write_calibration
+    from specheads.calibrate import write_calibration
 
     mask = os.umask(0o022)
     try:
@@ -223,7 +223,7 @@ def test_tree_json_is_written_with_a_plain_files_permissions(tmp_path) -> None:
 def test_calibrations_are_kept_per_dtype_and_auto_reads_the_bases_own(tmp_path) -> None:
     """A bf16 calibration does not replace the float32 one; heads loaded onto a bf16 base read the bf16 tree, onto
     a float32 base the float32 tree; a file written before dtypes were recorded counts as float32."""
-    from specheads.inference.calibrate import calibration_key, write_calibration
+    from specheads.heads.calibration import calibration_key, write_calibration
 
     base = tiny_model("llama", seed=1)
     MedusaHeads.from_base(base, num_heads=3).save_pretrained(tmp_path)
@@ -232,10 +232,10 @@ def test_calibrations_are_kept_per_dtype_and_auto_reads_the_bases_own(tmp_path) 
     record = json.loads((tmp_path / "tree.json").read_text())
     assert set(record["by_dtype"]) == {"float32/cpu", "bfloat16/cpu"}
     assert calibration_key(base) == "float32/cpu"
-    assert load_heads(tmp_path, base).calibrated_tree == [[0]]
+    assert load_heads(tmp_path, base).calibration.tree == [[0]]
     bf16 = tiny_model("llama", seed=1).to(torch.bfloat16)
     assert calibration_key(bf16) == "bfloat16/cpu"
-    assert load_heads(tmp_path, bf16).calibrated_tree == [[0], [1], [0, 0]]
+    assert load_heads(tmp_path, bf16).calibration.tree == [[0], [1], [0, 0]]
     write_calibration(tmp_path, {"choices": [[0], [1]], "dtype": "float32/cpu"})  # recalibrating replaces its own
     record = json.loads((tmp_path / "tree.json").read_text())
     assert record["by_dtype"]["float32/cpu"]["choices"] == [[0], [1]]

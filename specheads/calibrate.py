@@ -19,20 +19,18 @@ fastest is ``tree="ddtree"``'s budget.
 
 from __future__ import annotations
 
-import heapq
-import json
 import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from specheads.heads.calibration import calibration_key, write_calibration  # noqa: F401 - calibrate's writer
 from specheads.inference import attention, kv_cache
-from specheads.inference.trees import BlockTree, DynamicTree, tree_from_parents
+from specheads.inference.trees import BlockTree, DynamicTree, grow_tree, tree_from_parents
 from specheads.loading import vocab_size
 
 
@@ -45,26 +43,6 @@ class CalibratedTree:
     step_ms: float
     expected_tokens_per_s: float
     candidates: list[dict[str, float]]  # per tree size: nodes, expected tau, step ms, expected tokens/s
-
-
-def grow_tree(agreement_by_rank: Sequence[Sequence[float]], max_nodes: int) -> list[tuple[tuple[int, ...], float]]:
-    """Nodes in the order a greedy search adds them: the most probable path not yet in the tree first.
-
-    Returns:
-        ``[(path, probability), ...]`` of length <= ``max_nodes``; every prefix of the list is a valid tree.
-    """
-    depth_limit, ranks = len(agreement_by_rank), len(agreement_by_rank[0])
-    frontier = [(-float(agreement_by_rank[0][rank]), (rank,)) for rank in range(ranks)]
-    heapq.heapify(frontier)
-    nodes: list[tuple[tuple[int, ...], float]] = []
-    while frontier and len(nodes) < max_nodes:
-        negative, path = heapq.heappop(frontier)
-        probability = -negative
-        nodes.append((path, probability))
-        if len(path) < depth_limit:
-            for rank in range(ranks):
-                heapq.heappush(frontier, (-(probability * float(agreement_by_rank[len(path)][rank])), path + (rank,)))
-    return nodes
 
 
 def choose_tree(
@@ -299,7 +277,7 @@ def calibrate(
     """
     from specheads.inference.decoder import SpecDecoder
     from specheads.inference.drafters import NoDrafter
-    from specheads.methods.registry import head_type_of
+    from specheads.registry import head_type_of
     from specheads.training.trainer import collate_trimmed
 
     dataset = dataset.with_format("torch")
@@ -359,48 +337,6 @@ def calibrate(
         "dtype": calibration_key(base),
     }
     return CalibrationResult(record, best, step_ms, agreement)
-
-
-def calibration_key(base: torch.nn.Module) -> str:
-    """What a calibration is valid for besides the machine: the base's dtype and device type (``bfloat16/cpu``).
-
-    The verify curve, and so the best tree, differ by dtype: on a CPU with bf16 units 8 tokens cost 1.25x one in
-    bf16 and 1.62x in float32."""
-    weight = base.get_output_embeddings().weight
-    return f"{str(weight.dtype).removeprefix('torch.')}/{weight.device.type}"
-
-
-def write_calibration(directory: str | Path, record: dict) -> Path:
-    """Write ``record`` into ``directory/tree.json`` atomically, with a plain new file's permissions.
-
-    The file keeps one calibration per dtype and device (``"by_dtype"``, keyed by :func:`calibration_key`): a
-    calibration in bf16 does not replace the float32 one. Its top level is the latest record, which loaders read when
-    no record matches their base (and which files written before dtypes were recorded hold: they were float32).
-    """
-    from specheads.heads.checkpoint import atomic_write
-
-    path = Path(directory) / "tree.json"
-    by_dtype: dict[str, dict] = {}
-    if path.is_file():
-        try:
-            existing = json.loads(path.read_text())
-        except ValueError:
-            existing = {}
-        by_dtype = dict(existing.get("by_dtype", {}))
-        if existing and not by_dtype and "choices" in existing:
-            by_dtype[existing.get("dtype", "float32/cpu")] = existing
-    record = {key: value for key, value in record.items() if key != "by_dtype"}
-    by_dtype[record.get("dtype", "float32/cpu")] = record
-    text = json.dumps({**record, "by_dtype": by_dtype}, indent=2) + "\n"
-    atomic_write(path, lambda temporary: temporary.write_text(text))
-    return path
-
-
-def calibration_for(record: dict, base: torch.nn.Module | None) -> dict:
-    """The calibration of ``tree.json``'s ``record`` that matches ``base``'s dtype and device, else its latest."""
-    if base is None:
-        return record
-    return record.get("by_dtype", {}).get(calibration_key(base), record)
 
 
 def _bar(loader: Any, total: int, desc: str) -> Any:

@@ -1,8 +1,8 @@
-"""The checkpoint layouts serving engines read, and how specheads heads map to and from each of them.
+"""The EAGLE checkpoint layouts serving engines read: tensor names and shapes, layer-id conventions, draft maps.
 
 A layout is a ``config.json`` plus one safetensors file. Which engine reads what comes from the engines' own loading
-code, read for vLLM 0.33, SGLang 0.5.23, speculators 0.9.0, SpecForge, FasterDecoding/Medusa, TGI and TensorRT-LLM.
-Each method writes, reads and checks its layouts in its own folder (``specheads/methods/<name>/export.py``).
+code, read for vLLM 0.33, SGLang 0.5.23, speculators 0.9.0 and SpecForge; :mod:`specheads.methods.eagle.export`
+writes, reads and checks them.
 
 * ``eagle3``: the SpecForge / official EAGLE-3 layout (``LlamaForCausalLMEagle3``; ``midlayer.*``, ``fc``, ``norm``,
   ``lm_head``, ``d2t``/``t2d``) that SGLang and vLLM (``method: eagle3``) load. The fused feature layers are written
@@ -14,8 +14,6 @@ Each method writes, reads and checks its layouts in its own folder (``specheads/
 * ``eagle``: EAGLE-1 as the official repository and SGLang (``LlamaForCausalLMEagle``) and vLLM
   (``EagleLlamaForCausalLM``) read it: ``fc`` (with its bias, which SGLang requires and vLLM drops), ``layers.0.*``
   without an input norm, no final norm and no lm_head.
-* ``medusa``: FasterDecoding / TGI / TensorRT-LLM: ``medusa_lm_head.safetensors`` with ``{head}.{layer}.linear.*``
-  and, per head, ``{head}.{num_layers}.weight`` (its own lm_head); a config without ``architectures``.
 """
 
 from __future__ import annotations
@@ -26,12 +24,7 @@ from typing import Any
 
 import torch
 
-NATIVE = "native"
-CONFIG_NAME = "config.json"
-SAFETENSORS_WEIGHTS = "model.safetensors"  # transformers' weights file name
-EAGLE_WEIGHTS = SAFETENSORS_WEIGHTS
-MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
-SPECULATORS_VERSION = "0.9.0"
+EAGLE_WEIGHTS = "model.safetensors"  # transformers' weights file name
 
 # Draft-layer tensors, relative to the layer prefix (``midlayer.`` natively, ``layers.0.`` in most layouts).
 ATTENTION = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight")
@@ -101,18 +94,6 @@ def eagle1_shapes(geometry: Geometry) -> dict[str, tuple[int, ...]]:
     }
 
 
-def medusa_shapes(num_heads: int, num_layers: int, hidden: int, vocab: int, own_lm_head: bool) -> dict[str, tuple]:
-    """``{head}.{layer}.linear.{weight,bias}`` and, with own lm_heads, ``{head}.{num_layers}.weight``."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for head in range(num_heads):
-        for layer in range(num_layers):
-            shapes[f"{head}.{layer}.linear.weight"] = (hidden, hidden)
-            shapes[f"{head}.{layer}.linear.bias"] = (hidden,)
-        if own_lm_head:
-            shapes[f"{head}.{num_layers}.weight"] = (vocab, hidden)
-    return shapes
-
-
 def rename(tensors: dict[str, torch.Tensor], mapping: Callable[[str], str | None]) -> dict[str, torch.Tensor]:
     """``tensors`` with each name passed through ``mapping`` (None drops the tensor)."""
     renamed = {}
@@ -124,6 +105,7 @@ def rename(tensors: dict[str, torch.Tensor], mapping: Callable[[str], str | None
 
 
 def swap_prefix(old: str, new: str) -> Callable[[str], str]:
+    """A name mapping for :func:`rename` that replaces the prefix ``old`` by ``new``."""
     return lambda name: new + name[len(old) :] if name.startswith(old) else name
 
 
@@ -150,6 +132,7 @@ def sglang_layer_ids(vllm_ids: list[int]) -> list[int]:
 
 
 def vllm_layer_ids(sglang_ids: list[int]) -> list[int]:
+    """``hidden_states`` indices (vLLM's convention) of SGLang / SpecForge ids; inverse of :func:`sglang_layer_ids`."""
     return [index + 1 for index in sglang_ids]
 
 

@@ -25,7 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from specheads.export.check import CheckReport, EngineVerdict
+from specheads.methods.api import (
+    CheckReport,
+    EngineVerdict,
+)
 
 ARCH = "eagle3"
 NUM_TARGET_LAYERS = 3  # llama.cpp's EAGLE-3 graph concatenates exactly three target features

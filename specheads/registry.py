@@ -31,6 +31,41 @@ def _resolve(path: str) -> Any:
 
 
 @dataclass(frozen=True)
+class ExportFormat:
+    """One engine layout a method writes (its ``export.py`` lists them; its registry entry names that list).
+
+    Attributes:
+        name: the ``--format`` name.
+        weights: the safetensors file of a folder layout ("" for a format with its own ``export``).
+        write: ``write(heads, base, base_name, engines, steps) -> (config, tensors, serve commands, notes)`` of a
+            folder layout; :func:`specheads.export.formats.export_heads` casts, writes, checks and renames the folder.
+        export: ``export(heads, out, base, base_name, steps, dtype, target) -> ExportResult``, for a format that is
+            not a folder of config + safetensors (one GGUF file).
+        read: ``read(config, tensors, base, where) -> heads``: native heads from a folder of this layout.
+        check: ``check(config, tensors, report)``: replay the engines' loading rules into ``report`` (a
+            :class:`specheads.export.check.CheckReport`).
+        detect: ``detect(config, tensor_names) -> bool``: a folder's config (and tensor names when the config is
+            silent, None before they are read) is this layout.
+        fallback: ``detect`` claims a whole family of layouts (any speculators model type), so that a method whose
+            detector is specific to its own members of the family wins over it.
+        suffix: the file name suffix of a format that is one file (``.gguf``).
+        check_file: ``check_file(path, target) -> CheckReport`` of a one-file format: the engine's loading rules,
+            against the model file it serves the draft with (``target``, may be None).
+    """
+
+    name: str
+    weights: str
+    write: Callable[..., tuple[dict[str, Any], dict[str, Any], dict[str, str], list[str]]] | None = None
+    export: Callable[..., Any] | None = None
+    read: Callable[..., Any] | None = None
+    check: Callable[[dict[str, Any], dict[str, Any], Any], None] | None = None
+    detect: Callable[[dict[str, Any], set[str] | None], bool] | None = None
+    fallback: bool = False
+    suffix: str = ""
+    check_file: Callable[[Any, Any], Any] | None = None
+
+
+@dataclass(frozen=True)
 class HeadType:
     """Where everything about one head type lives.
 
@@ -53,8 +88,10 @@ class HeadType:
         block_trees: the drafter builds DDTree trees from one block forward (``tree="ddtree"``), and one draft
             forward drafts every depth (calibration's draft cost is paid once per step, not per depth).
         joint_training: the recipe may train the base with the heads (``lora.enabled``, Medusa-2).
-        exports: ``"module:attribute"``, a ``{format: ExportFormat}`` mapping (:class:`specheads.export.formats.
-            ExportFormat`): how each of ``formats`` is written, read, checked and recognised.
+        public: ``"module:Name"`` of the method's public classes (heads, their config, drafter), which ``specheads``
+            and ``specheads.heads`` export under ``Name``.
+        exports: ``"module:attribute"``, a ``{format: ExportFormat}`` mapping (:class:`ExportFormat`): how each of
+            ``formats`` is written, read, checked and recognised.
     """
 
     name: str
@@ -72,6 +109,7 @@ class HeadType:
     block_trees: bool = False
     joint_training: bool = False
     exports: str | None = None
+    public: tuple[str, ...] = ()
 
     def module_class(self) -> type:
         return _resolve(self.module)
@@ -114,6 +152,11 @@ HEAD_TYPES: dict[str, HeadType] = {
         layouts=("medusa",),
         exports="specheads.methods.medusa.export:FORMATS",
         joint_training=True,
+        public=(
+            "specheads.methods.medusa.heads:MedusaHeads",
+            "specheads.methods.medusa.heads:MedusaConfig",
+            "specheads.methods.medusa.drafter:MedusaDrafter",
+        ),
     ),
     "eagle": HeadType(
         name="eagle",
@@ -129,6 +172,11 @@ HEAD_TYPES: dict[str, HeadType] = {
         exports="specheads.methods.eagle.export:FORMATS",
         draft_cost="specheads.methods.eagle.drafter:measure_draft_cost",
         dynamic_trees=True,
+        public=(
+            "specheads.methods.eagle.heads:EagleHead",
+            "specheads.methods.eagle.heads:EagleConfig",
+            "specheads.methods.eagle.drafter:EagleDrafter",
+        ),
     ),
     "draft-lm": HeadType(
         name="draft-lm",
@@ -138,6 +186,7 @@ HEAD_TYPES: dict[str, HeadType] = {
         train_step="specheads.methods.draft_lm.train:train_step",
         evaluate="specheads.methods.draft_lm.train:draft_agreement",
         drafter="specheads.methods.draft_lm.heads:draft_drafter",
+        public=("specheads.methods.draft_lm.heads:DraftLM", "specheads.methods.draft_lm.heads:DraftConfig"),
     ),
     "dflash": HeadType(
         name="dflash",
@@ -153,6 +202,11 @@ HEAD_TYPES: dict[str, HeadType] = {
         exports="specheads.methods.dflash.export:FORMATS",
         draft_cost="specheads.methods.dflash.drafter:measure_draft_cost",
         block_trees=True,
+        public=(
+            "specheads.methods.dflash.heads:DFlashHead",
+            "specheads.methods.dflash.heads:DFlashConfig",
+            "specheads.methods.dflash.drafter:DFlashDrafter",
+        ),
     ),
 }
 
@@ -175,17 +229,75 @@ def methods_of_format(format: str) -> list[HeadType]:
     return methods
 
 
-def method_of_layout(layout: str, config: dict[str, Any] | None = None) -> HeadType | None:
-    """The method whose heads a foreign engine layout holds (None: no method reads it). When several read the
-    layout (``speculators``), the folder's ``config`` decides by the methods' own detectors (a specific detector
-    before one that claims the whole family)."""
-    methods = [method for method in HEAD_TYPES.values() if layout in method.layouts]
-    if len(methods) > 1 and config is not None:
-        specs = [(method, method.export_formats()[layout]) for method in methods]
-        matching = [(spec.fallback, index) for index, (_, spec) in enumerate(specs) if spec.detect(config, None)]
+def _serving(
+    candidates: list[tuple[HeadType, ExportFormat]], heads: Any = None, config: dict[str, Any] | None = None
+) -> tuple[HeadType, ExportFormat]:
+    """The one rule for which method serves a format several write: the heads' own type, else the folder's
+    ``config`` by the methods' detectors (a specific detector before one that claims the whole family), else the
+    first in registry order."""
+    if len(candidates) > 1 and heads is not None:
+        name = getattr(getattr(heads, "config", None), "head_type", None)
+        for method, spec in candidates:
+            if method.name == name:
+                return method, spec
+    if len(candidates) > 1 and config is not None:
+        matching = [
+            (spec.fallback, index)
+            for index, (_, spec) in enumerate(candidates)
+            if spec.detect is not None and spec.detect(config, None)
+        ]
         if matching:
-            return specs[min(matching)[1]][0]
-    return methods[0] if methods else None
+            return candidates[min(matching)[1]]
+    return candidates[0]
+
+
+def export_format(format: str, heads: Any = None, config: dict[str, Any] | None = None) -> ExportFormat:
+    """The :class:`ExportFormat` named ``format``, from the registry entry of the method that writes it (when
+    several do, ``heads`` or a folder's ``config`` picks one; see :func:`_serving`).
+
+    Raises:
+        ValueError: no method writes ``format``.
+    """
+    methods = methods_of_format(format)
+    return _serving([(method, method.export_formats()[format]) for method in methods], heads, config)[1]
+
+
+def method_of_layout(layout: str, config: dict[str, Any] | None = None) -> HeadType | None:
+    """The method whose heads a foreign engine layout holds (None: no method reads it); several read
+    ``speculators``, and the folder's ``config`` decides as in :func:`export_format`."""
+    methods = [method for method in HEAD_TYPES.values() if layout in method.layouts]
+    if not methods:
+        return None
+    return _serving([(method, method.export_formats()[layout]) for method in methods], None, config)[0]
+
+
+def detect_layout(config: dict[str, Any], tensor_names: set[str] | None = None) -> str | None:
+    """The layout a ``config.json`` (and, when the config is silent, its tensor names) belongs to: ``"native"``, a
+    format some method's registry entry lists (its own ``detect`` says), or None.
+
+    A layout whose config names it wins over one recognised by its tensor names; a specific detector wins over one
+    that claims a whole family of layouts.
+    """
+    if "head_type" in config and "specheads_version" in config:
+        return "native"
+    specs = [(name, spec) for method in HEAD_TYPES.values() for name, spec in method.export_formats().items()]
+    for names in (None, tensor_names) if tensor_names is not None else (None,):
+        matches = [
+            (spec.fallback, name) for name, spec in specs if spec.detect is not None and spec.detect(config, names)
+        ]
+        if matches:
+            return min(matches, key=lambda match: match[0])[1]
+    return None
+
+
+def public_names() -> dict[str, str]:
+    """``{Name: module}`` of every method's public classes (each entry's ``public``), for lazy package exports."""
+    names = {}
+    for method in HEAD_TYPES.values():
+        for path in method.public:
+            module, _, name = path.partition(":")
+            names[name] = module
+    return names
 
 
 def head_type_of(heads: Any) -> HeadType:

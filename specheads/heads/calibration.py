@@ -1,0 +1,99 @@
+"""The calibration loaded with heads: ``tree.json`` in the heads' folder, written by ``specheads calibrate``.
+
+One file keeps one calibration per dtype and device (``"by_dtype"``, keyed by :func:`calibration_key`): the verify
+cost curve, and so the best tree, differ by dtype. Loading reads the record of the base's dtype and device, else the
+latest, into a typed :class:`Calibration` that the heads carry (``heads.calibration``) and that each method's
+drafter and exporter read: the static tree it found best, the dynamic-tree parameters that grow it (methods that
+grow trees), the node budget (block drafters).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specheads.heads.checkpoint import atomic_write
+
+CALIBRATED_TREE = "tree.json"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What calibration chose for these heads on one machine, dtype and device.
+
+    Attributes:
+        tree: the best static tree, as paths of candidate ranks (``[[0], [1], [0, 0]]``).
+        dynamic: the dynamic-tree parameters (``top_k``, ``depth``, ``total_tokens``) that grow a tree of that size,
+            for methods that grow trees; None otherwise.
+        budget: the fastest tree-node budget of a block drafter; None otherwise.
+        key: the dtype and device the record was measured for (``bfloat16/cpu``); None in files that predate it.
+    """
+
+    tree: list[list[int]]
+    dynamic: dict[str, int] | None = None
+    budget: int | None = None
+    key: str | None = None
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Calibration:
+        """The typed form of one ``tree.json`` record."""
+        budget = record.get("budget")
+        return cls(
+            tree=[list(path) for path in record["choices"]],
+            dynamic=dict(record["dynamic"]) if record.get("dynamic") else None,
+            budget=None if budget is None else int(budget),
+            key=record.get("dtype"),
+        )
+
+
+def calibration_key(base: torch.nn.Module) -> str:
+    """What a calibration is valid for besides the machine: the base's dtype and device type (``bfloat16/cpu``).
+
+    The verify curve, and so the best tree, differ by dtype: on a CPU with bf16 units 8 tokens cost 1.25x one in
+    bf16 and 1.62x in float32."""
+    weight = base.get_output_embeddings().weight
+    return f"{str(weight.dtype).removeprefix('torch.')}/{weight.device.type}"
+
+
+def calibration_for(record: dict, base: torch.nn.Module | None) -> dict:
+    """The calibration of ``tree.json``'s ``record`` that matches ``base``'s dtype and device, else its latest."""
+    if base is None:
+        return record
+    return record.get("by_dtype", {}).get(calibration_key(base), record)
+
+
+def read_calibration(directory: str | Path, base: torch.nn.Module | None = None) -> Calibration | None:
+    """The calibration in ``directory`` for ``base``'s dtype and device (see :func:`calibration_for`); None when
+    the folder holds no ``tree.json``."""
+    path = Path(directory) / CALIBRATED_TREE
+    if not path.is_file():
+        return None
+    return Calibration.from_record(calibration_for(json.loads(path.read_text()), base))
+
+
+def write_calibration(directory: str | Path, record: dict) -> Path:
+    """Write ``record`` into ``directory/tree.json`` atomically, with a plain new file's permissions.
+
+    The file keeps one calibration per dtype and device (``"by_dtype"``, keyed by :func:`calibration_key`): a
+    calibration in bf16 does not replace the float32 one. Its top level is the latest record, which loaders read when
+    no record matches their base (and which files written before dtypes were recorded hold: they were float32).
+    """
+    path = Path(directory) / CALIBRATED_TREE
+    by_dtype: dict[str, dict] = {}
+    if path.is_file():
+        try:
+            existing = json.loads(path.read_text())
+        except ValueError:
+            existing = {}
+        by_dtype = dict(existing.get("by_dtype", {}))
+        if existing and not by_dtype and "choices" in existing:
+            by_dtype[existing.get("dtype", "float32/cpu")] = existing
+    record = {key: value for key, value in record.items() if key != "by_dtype"}
+    by_dtype[record.get("dtype", "float32/cpu")] = record
+    text = json.dumps({**record, "by_dtype": by_dtype}, indent=2) + "\n"
+    atomic_write(path, lambda temporary: temporary.write_text(text))
+    return path
