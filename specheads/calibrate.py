@@ -30,7 +30,7 @@ import torch
 
 from specheads.heads.calibration import calibration_key, write_calibration  # noqa: F401 - calibrate's writer
 from specheads.inference import attention, kv_cache
-from specheads.inference.trees import BlockTree, DynamicTree, grow_tree, tree_from_parents
+from specheads.inference.trees import grow_tree, tree_from_parents
 from specheads.loading import vocab_size
 
 
@@ -82,24 +82,6 @@ def choose_tree(
     size = int(best["nodes"])
     choices = sorted((list(path) for path, _ in nodes[:size]), key=lambda p: (len(p), p))
     return CalibratedTree(choices, best["expected_tau"], best["step_ms"], best["expected_tokens_per_s"], candidates)
-
-
-def dynamic_parameters(choices: Sequence[Sequence[int]]) -> dict[str, int]:
-    """EAGLE-2 ``top_k`` / ``depth`` / ``total_tokens`` able to grow a tree of this shape from the draft's confidence.
-
-    ``top_k`` covers the widest rank used and the most nodes expanded at one depth; ``depth`` is the tree's depth and
-    ``total_tokens`` its size (at least one node each).
-    """
-    if not choices:
-        return {"top_k": 1, "depth": 1, "total_tokens": 1}
-    depth = max(len(path) for path in choices)
-    widest_rank = max(path[-1] for path in choices) + 1
-    parents_per_depth = [len({tuple(p[:-1]) for p in choices if len(p) == d}) for d in range(2, depth + 1)]
-    return {
-        "top_k": max([widest_rank, *parents_per_depth]),
-        "depth": depth,
-        "total_tokens": len(choices),
-    }
 
 
 @torch.inference_mode()
@@ -290,15 +272,11 @@ def calibrate(
     with torch.inference_mode(), attention.batch_invariant(base, attention.wants_invariance(base)):
         step_ms = measure_verify_cost(base, sizes=(1, 2, 4, 8, 16, 32, 64))
     draft_ms = method.draft_cost_ms(heads)
-    step_cost = {"fixed_ms": draft_ms} if method.block_trees else {"depth_ms": draft_ms}  # a block: once per step
+    family = method.tree_family()
+    step_cost = {"fixed_ms": draft_ms} if family.draft_per_step else {"depth_ms": draft_ms}  # a block: once a step
     best = choose_tree(agreement["agreement_by_rank"], step_ms, max_nodes=max_nodes, **step_cost)
     statics = candidate_trees(agreement["agreement_by_rank"], max_nodes)
-    trees: list = [*statics]
-    if method.dynamic_trees:
-        dynamics = list({tuple(dynamic_parameters(c).values()): dynamic_parameters(c) for c in statics}.values())
-        trees += [DynamicTree(**params) for params in dynamics]
-    if method.block_trees:
-        trees += [BlockTree(size) for size in (2, 4, 8, 16, 32, 64) if size <= max_nodes]
+    trees: list = [*statics, *family.candidates(statics, max_nodes)]
     prompts = [_calibration_prompt(row, prompt_tokens) for row in dataset.select(range(min(4, len(dataset))))]
     log(f"timing {len(trees)} trees and plain decoding on {len(prompts)} held-out prompts")
     decoder, plain = SpecDecoder(base, method.make_drafter(heads)), SpecDecoder(base, NoDrafter())
@@ -311,17 +289,15 @@ def calibrate(
         }
         for tree, result in zip(trees, timed, strict=False)
     ]
-    dynamic_rows = [row for row, tree in zip(measured, trees, strict=True) if isinstance(tree, DynamicTree)]
-    block_rows = [row for row, tree in zip(measured, trees, strict=True) if isinstance(tree, BlockTree)]
+    grown = [(row, tree) for row, tree in zip(measured, trees, strict=True)][len(statics) :]
     plain_rate = timed[-1]["tokens_per_s"]
     record = {
         "choices": max(measured[: len(statics)], key=lambda row: row["tokens_per_s"])["tree"],
-        **({"dynamic": max(dynamic_rows, key=lambda row: row["tokens_per_s"])["tree"]} if dynamic_rows else {}),
-        **({"budget": max(block_rows, key=lambda row: row["tokens_per_s"])["nodes"]} if block_rows else {}),
+        **(family.record(max(grown, key=lambda pair: pair[0]["tokens_per_s"])[1]) if grown else {}),
         "measured": measured,
         "plain_tokens_per_s": plain_rate,
         "best_speedup_over_plain": max(row["tokens_per_s"] for row in measured) / plain_rate,
-        **({"draft_ms_per_step": draft_ms} if method.block_trees else {"draft_ms_per_level": draft_ms}),
+        **({"draft_ms_per_step": draft_ms} if family.draft_per_step else {"draft_ms_per_level": draft_ms}),
         "expected_tau": best.expected_tau,
         "step_ms": best.step_ms,
         "expected_tokens_per_s": best.expected_tokens_per_s,

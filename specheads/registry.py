@@ -84,9 +84,11 @@ class HeadType:
             load as these heads.
         draft_cost: ``"module:function"``, ``function(heads) -> ms``: the cost of one draft level, which calibration
             adds per tree depth (None: drafting costs the same at any depth, e.g. one forward of all heads).
-        dynamic_trees: the drafter grows EAGLE-2 dynamic trees (``tree="dynamic"``).
-        block_trees: the drafter builds DDTree trees from one block forward (``tree="ddtree"``), and one draft
-            forward drafts every depth (calibration's draft cost is paid once per step, not per depth).
+        trees: ``"module:attribute"``, the method's tree family (:class:`specheads.inference.trees.TreeFamily`):
+            the trees its drafter grows beyond static ones, which calibration times and records (default: static
+            trees only).
+        grows: the ``tree=`` names the drafter grows (``"dynamic"``, ``"ddtree"``), the family's ``kinds`` kept
+            here so that refusals can name the methods without importing them.
         joint_training: the recipe may train the base with the heads (``lora.enabled``, Medusa-2).
         public: ``"module:Name"`` of the method's public classes (heads, their config, drafter), which ``specheads``
             and ``specheads.heads`` export under ``Name``.
@@ -105,8 +107,8 @@ class HeadType:
     formats: tuple[str, ...] = ()
     layouts: tuple[str, ...] = ()
     draft_cost: str | None = None
-    dynamic_trees: bool = False
-    block_trees: bool = False
+    trees: str = "specheads.inference.trees:STATIC"
+    grows: tuple[str, ...] = ()
     joint_training: bool = False
     exports: str | None = None
     public: tuple[str, ...] = ()
@@ -132,6 +134,10 @@ class HeadType:
     def export_formats(self) -> dict[str, Any]:
         """``{format: ExportFormat}`` of this method (empty when it exports nothing)."""
         return {} if self.exports is None else dict(_resolve(self.exports))
+
+    def tree_family(self) -> Any:
+        """The method's :class:`~specheads.inference.trees.TreeFamily`."""
+        return _resolve(self.trees)
 
     def draft_cost_ms(self, heads: Any) -> float:
         """Milliseconds one more draft level costs (0.0 when depth costs nothing extra)."""
@@ -171,7 +177,8 @@ HEAD_TYPES: dict[str, HeadType] = {
         layouts=("eagle3", "speculators", "eagle"),
         exports="specheads.methods.eagle.export:FORMATS",
         draft_cost="specheads.methods.eagle.drafter:measure_draft_cost",
-        dynamic_trees=True,
+        trees="specheads.methods.eagle.drafter:TREES",
+        grows=("dynamic",),
         public=(
             "specheads.methods.eagle.heads:EagleHead",
             "specheads.methods.eagle.heads:EagleConfig",
@@ -201,7 +208,8 @@ HEAD_TYPES: dict[str, HeadType] = {
         layouts=("dflash", "dspark", "speculators"),
         exports="specheads.methods.dflash.export:FORMATS",
         draft_cost="specheads.methods.dflash.drafter:measure_draft_cost",
-        block_trees=True,
+        trees="specheads.methods.dflash.drafter:TREES",
+        grows=("ddtree",),
         public=(
             "specheads.methods.dflash.heads:DFlashHead",
             "specheads.methods.dflash.heads:DFlashConfig",
@@ -288,6 +296,11 @@ def detect_layout(config: dict[str, Any], tensor_names: set[str] | None = None) 
         if matches:
             return min(matches, key=lambda match: match[0])[1]
     return None
+
+
+def methods_growing(kind: str) -> list[str]:
+    """The methods whose drafters grow ``tree=kind`` trees (their entries' ``grows``)."""
+    return [name for name, method in HEAD_TYPES.items() if kind in method.grows]
 
 
 def public_names() -> dict[str, str]:

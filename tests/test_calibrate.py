@@ -118,7 +118,7 @@ def test_calibrate_eagle_heads_writes_a_static_tree_and_dynamic_parameters(tmp_p
 
 
 def test_dynamic_parameters_cover_the_tree_shape() -> None:
-    from specheads.calibrate import dynamic_parameters
+    from specheads.inference.trees import dynamic_parameters
 
     assert dynamic_parameters([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]) == {
         "top_k": 2,  # ranks 0-1; two nodes expanded at depth 1

@@ -36,10 +36,9 @@ from specheads.inference.drafters import (
 from specheads.inference.generation import GenerationConfig
 from specheads.inference.sampling import SamplingParams, probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import BlockTree, DynamicTree, TreeBuffers, tree_from_choices
+from specheads.inference.trees import BlockTree, DynamicTree, TreeBuffers, grown_tree_owners, tree_from_choices
 from specheads.loading import check_same_vocabulary, eos_token_ids
 from specheads.metrics import SpecStats
-from specheads.registry import HEAD_TYPES
 
 PromptInput = inputs.PromptInput
 ATTENTION_MODES = ("auto", "invariant", "model")
@@ -649,11 +648,7 @@ class SpecDecoder:
             return BlockTree(given["total_tokens"])
         defaults = self.drafter.dynamic
         if not isinstance(defaults, DynamicTree):
-            growers = [name for name, method in HEAD_TYPES.items() if method.dynamic_trees]
-            raise ValueError(
-                f"tree='dynamic' (EAGLE-2) is grown by the drafter of an EAGLE head (methods {growers}); method "
-                f"{self.drafter.name!r} does not grow one"
-            )
+            raise ValueError(f"{grown_tree_owners('dynamic')}; method {self.drafter.name!r} does not grow one")
         return DynamicTree(**{**vars(defaults), **given})
 
     def _resolve_tree(self, tree: Any) -> Any:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -300,15 +301,9 @@ def resolve_tree(spec: str | Path | Sequence[Sequence[int]]) -> TreeBuffers:
     if isinstance(spec, (str, Path)):
         text = str(spec)
         if text == "dynamic" or _DYNAMIC_RE.match(text):
-            raise TreeError("tree='dynamic' (EAGLE-2) is grown by an EAGLE head; this drafter takes static trees only")
+            raise TreeError(f"{grown_tree_owners('dynamic')}; this drafter takes static trees only")
         if text == "ddtree" or _BLOCK_RE.match(text):
-            from specheads.registry import HEAD_TYPES
-
-            builders = [name for name, method in HEAD_TYPES.items() if method.block_trees]
-            raise TreeError(
-                f"tree={text!r} (DDTree) is built from one block of a block drafter (methods {builders}); this "
-                "drafter takes static trees only"
-            )
+            raise TreeError(f"{grown_tree_owners('ddtree')}; this drafter takes static trees only")
         match = _CHAIN_RE.match(text)
         if match:
             length = int(match.group(1))
@@ -359,3 +354,59 @@ def grow_tree(agreement_by_rank: Sequence[Sequence[float]], max_nodes: int) -> l
             for rank in range(ranks):
                 heapq.heappush(frontier, (-(probability * float(agreement_by_rank[len(path)][rank])), path + (rank,)))
     return nodes
+
+
+def dynamic_parameters(choices: Sequence[Sequence[int]]) -> dict[str, int]:
+    """EAGLE-2 ``top_k`` / ``depth`` / ``total_tokens`` able to grow a tree of this shape from the draft's confidence.
+
+    ``top_k`` covers the widest rank used and the most nodes expanded at one depth; ``depth`` is the tree's depth and
+    ``total_tokens`` its size (at least one node each).
+    """
+    if not choices:
+        return {"top_k": 1, "depth": 1, "total_tokens": 1}
+    depth = max(len(path) for path in choices)
+    widest_rank = max(path[-1] for path in choices) + 1
+    parents_per_depth = [len({tuple(p[:-1]) for p in choices if len(p) == d}) for d in range(2, depth + 1)]
+    return {
+        "top_k": max([widest_rank, *parents_per_depth]),
+        "depth": depth,
+        "total_tokens": len(choices),
+    }
+
+
+def grown_tree_owners(kind: str) -> str:
+    """``tree='<kind>' is grown by the drafters of methods [...]``: the registry entries whose tree family grows it
+    (the wording of every refusal of a grown tree)."""
+    from specheads.registry import methods_growing
+
+    what = {"dynamic": "EAGLE-2 dynamic trees", "ddtree": "DDTree trees"}.get(kind, f"{kind} trees")
+    return f"tree={kind!r} ({what}) is grown by the drafters of methods {methods_growing(kind)}"
+
+
+class TreeFamily:
+    """The trees a method's drafter grows beyond static trees: what calibration times for it and what it records.
+
+    A method's registry entry names its family (``trees``); the default is static trees only. Calibration asks the
+    family for the grown trees worth timing next to the static candidates, records the fastest through
+    :meth:`record`, and charges the method's draft cost per depth, or once per step when one draft forward drafts
+    every depth (:attr:`draft_per_step`).
+
+    Attributes:
+        kinds: the ``tree=`` names the drafter grows (``"dynamic"``, ``"ddtree"``).
+        draft_per_step: one draft forward drafts every depth (a block drafter).
+    """
+
+    kinds: tuple[str, ...] = ()
+    draft_per_step: bool = False
+
+    def candidates(self, statics: Sequence[Sequence[Sequence[int]]], max_nodes: int) -> list[Any]:
+        """Grown trees to time next to the static candidate trees ``statics`` (none by default)."""
+        return []
+
+    def record(self, fastest: Any) -> dict[str, Any]:
+        """The calibration record's fields for the fastest grown tree (see :class:`~specheads.heads.calibration.
+        Calibration`)."""
+        return {}
+
+
+STATIC = TreeFamily()  # static trees only: the tree family of a registry entry that names none

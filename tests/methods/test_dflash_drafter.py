@@ -233,7 +233,7 @@ def test_bad_requests_are_clear_errors_before_compute() -> None:
     with pytest.raises(ValueError, match="node budget"):
         BlockTree(0)
     eagle = SpecDecoder(base, EagleDrafter(EagleHead.from_base(base)))
-    with pytest.raises(ValueError, match=r"block drafter \(methods \['dflash'\]\)"):
+    with pytest.raises(ValueError, match=r"grown by the drafters of methods \['dflash'\]"):
         eagle.generate(prompt, max_new_tokens=4, tree="ddtree")
 
 

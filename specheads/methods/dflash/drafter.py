@@ -28,7 +28,9 @@ from __future__ import annotations
 import heapq
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -41,6 +43,7 @@ from specheads.methods.api import (
     FeatureQueue,
     Proposal,
     TreeBuffers,
+    TreeFamily,
     chain_proposal,
     check_speculative_tokens,
     kv_cache,
@@ -76,6 +79,22 @@ class _Block:
 
     logits: torch.Tensor  # [A, D, V] float
     roots: torch.Tensor  # [A] the anchor tokens
+
+
+class BlockTrees(TreeFamily):
+    """DDTree node budgets 2..64 (within ``max_nodes``) over one block forward; recorded as ``budget``."""
+
+    kinds = ("ddtree",)
+    draft_per_step = True
+
+    def candidates(self, statics: Sequence[Sequence[Sequence[int]]], max_nodes: int) -> list[Any]:
+        return [BlockTree(size) for size in (2, 4, 8, 16, 32, 64) if size <= max_nodes]
+
+    def record(self, fastest: Any) -> dict[str, Any]:
+        return {"budget": fastest.total_tokens}
+
+
+TREES = BlockTrees()  # the registry entry's tree family
 
 
 class DFlashDrafter(Drafter):

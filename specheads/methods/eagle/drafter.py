@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -34,7 +36,9 @@ from specheads.methods.api import (
     FeatureQueue,
     Proposal,
     TreeBuffers,
+    TreeFamily,
     check_speculative_tokens,
+    dynamic_parameters,
     kv_cache,
     requested_tree,
     resolve_tree,
@@ -42,6 +46,23 @@ from specheads.methods.api import (
 )
 
 DEFAULT_DYNAMIC = DynamicTree(top_k=4, depth=4, total_tokens=8)  # small: what pays on a CPU (see calibrate)
+
+
+class DynamicTrees(TreeFamily):
+    """EAGLE-2 dynamic trees: one per distinct ``(top_k, depth, total_tokens)`` that grows a static candidate's
+    shape (:func:`dynamic_parameters`); recorded as ``dynamic``."""
+
+    kinds = ("dynamic",)
+
+    def candidates(self, statics: Sequence[Sequence[Sequence[int]]], max_nodes: int) -> list[Any]:
+        params = {tuple(dynamic_parameters(c).values()): dynamic_parameters(c) for c in statics}
+        return [DynamicTree(**p) for p in params.values()]
+
+    def record(self, fastest: Any) -> dict[str, Any]:
+        return {"dynamic": vars(fastest)}
+
+
+TREES = DynamicTrees()  # the registry entry's tree family
 
 
 @dataclass
