@@ -23,7 +23,6 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from specheads import SpecDecoder
 from specheads.inference import kv_cache
-from specheads.inference.decoder import _tree_mask
 from specheads.inference.trees import tree_from_parents
 
 
@@ -88,7 +87,7 @@ def verify_cost_curve(model, prefix_len: int = 256, sizes=(1, 2, 4, 8, 16, 32, 6
         for size in sizes:
             parents = [-1] + [(node - 1) // 2 for node in range(1, size)]  # a binary tree of `size` nodes
             tree = tree_from_parents(parents)
-            mask = _tree_mask(tree.attention_mask, prefix_len, prefix.device) if size > 1 else None
+            mask = kv_cache.step_mask([prefix_len], [tree.attention_mask], size) if size > 1 else None
             ids = torch.randint(0, 8192, (1, size), generator=generator)
             positions = (prefix_len + tree.depths)[None]
             times = []

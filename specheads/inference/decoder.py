@@ -179,9 +179,10 @@ class SpecDecoder:
     ) -> SpecDecoder:
         """Load a base (and a drafter) by name or path, or wrap models already in memory.
 
-        ``method`` is inferred when None: the head type of ``heads`` (``"medusa"`` or ``"eagle"``, read from the
-        checkpoint's config), ``"draft"`` with a draft model, ``"none"`` otherwise. ``heads="default"`` with
-        ``base="default"`` are the EAGLE-3 heads shipped for the embedded default model (see
+        ``method`` is inferred when None: ``"draft"`` with a draft model, else the head type of ``heads`` (any
+        registry entry's name, ``"medusa"``, ``"eagle"``, ``"dflash"``, ...: read from a native checkpoint's config,
+        or the method whose registry entry lists a foreign folder's layout), ``"none"`` otherwise.
+        ``heads="default"`` with ``base="default"`` are the EAGLE-3 heads shipped for the embedded default model (see
         :mod:`specheads.inference.construction`). ``dtype="auto"`` is :func:`specheads.loading.resolve_dtype`'s
         choice (bf16 on a CPU with native bf16 products for a bf16 or GGUF checkpoint, else the checkpoint's dtype);
         heads and draft models follow the base's dtype. ``attention``: see the class.
@@ -745,10 +746,3 @@ def _shape(
         mask = torch.nn.functional.pad(mask, (0, padding, 0, padding)) | eye
         depths = torch.nn.functional.pad(depths, (0, padding))
     return mask, depths
-
-
-def _tree_mask(tree_mask: torch.Tensor, prefix_len: int, device: torch.device) -> torch.Tensor:
-    """``[1, 1, N + 1, prefix_len + N + 1]`` bool: every node sees the whole prefix and its own ancestors."""
-    size = tree_mask.shape[0]
-    prefix = torch.ones(size, prefix_len, dtype=torch.bool)
-    return torch.cat([prefix, tree_mask], dim=1)[None, None].to(device)

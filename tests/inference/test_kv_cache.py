@@ -7,7 +7,6 @@ import torch
 from helpers import ARCHITECTURES, tiny_model
 
 from specheads.inference import kv_cache
-from specheads.inference.decoder import _tree_mask
 from specheads.inference.trees import resolve_tree
 
 TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
@@ -27,7 +26,7 @@ def test_chain_shaped_tree_mask_gives_plain_causal_logits(arch: str) -> None:
         cache = kv_cache.new_cache()
         _forward(model, ids[:, :9], cache)
         tree = resolve_tree("chain-4")
-        mask = _tree_mask(tree.attention_mask, 9, ids.device)
+        mask = kv_cache.step_mask([9], [tree.attention_mask], tree.num_nodes + 1)
         chained = _forward(model, ids[:, 9:], cache, mask, (9 + tree.depths)[None]).logits
     torch.testing.assert_close(chained, full[:, 9:], rtol=1e-4, atol=1e-5)
 
@@ -43,7 +42,7 @@ def test_each_tree_node_sees_exactly_its_ancestors(arch: str) -> None:
         cache = kv_cache.new_cache()
         _forward(model, prefix[:, :-1], cache)
         nodes[0, 0] = prefix[0, -1]  # the root is the last prefix token, not yet in the cache
-        mask = _tree_mask(tree.attention_mask, 6, prefix.device)
+        mask = kv_cache.step_mask([6], [tree.attention_mask], tree.num_nodes + 1)
         tree_logits = _forward(model, nodes, cache, mask, (6 + tree.depths)[None]).logits[0]
         for node in range(tree.num_nodes + 1):
             ancestry = [n for n in range(node + 1) if tree.attention_mask[node, n]]
@@ -62,7 +61,8 @@ def test_commit_equals_a_cache_built_from_the_accepted_tokens(arch: str, accepte
     with torch.no_grad():
         cache = kv_cache.new_cache()
         _forward(model, prefix, cache)
-        _forward(model, nodes, cache, _tree_mask(tree.attention_mask, 6, prefix.device), (6 + tree.depths)[None])
+        mask = kv_cache.step_mask([6], [tree.attention_mask], tree.num_nodes + 1)
+        _forward(model, nodes, cache, mask, (6 + tree.depths)[None])
         assert kv_cache.seq_length(cache) == 6 + tree.num_nodes + 1
         kv_cache.commit(cache, accepted, prefix_len=6)
         rebuilt = kv_cache.new_cache()
