@@ -1,6 +1,6 @@
-"""Export heads to the layouts serving engines read (vLLM, SGLang, speculators, TGI, TensorRT-LLM, llama.cpp), check
-exported folders against the engines' loading rules, and import heads published in those layouts (re-exported from
-:mod:`specheads.heads.foreign`)."""
+"""Export heads to the layouts serving engines read (vLLM, SGLang, speculators, TGI, TensorRT-LLM folders, llama.cpp's
+GGUF draft file), check exported folders and files against the engines' loading rules, and import heads published in
+those layouts (the import lives in :mod:`specheads.heads.foreign` and is re-exported here)."""
 
 from specheads.export.check import CheckReport, EngineVerdict, check_export
 from specheads.export.formats import FORMATS, ExportResult, export_heads

@@ -1,11 +1,13 @@
-"""Export specheads heads to the layouts serving engines read.
+"""Export specheads heads to the layouts serving engines read: vLLM, SGLang, speculators, TGI, TensorRT-LLM folders
+and llama.cpp's GGUF draft file.
 
-Export writes into a temporary folder next to ``out``, replays the engines' loading rules on it
-(:func:`~specheads.export.check.check_export`) and only then renames it to ``out``: a refused or failed export leaves
-nothing behind, and an existing non-empty ``out`` is never touched. Each method writes its own layouts (its
-``export.py``; the registry's :class:`~specheads.registry.ExportFormat` records); the helpers those writers share are
-public here (:func:`check_heads`, :func:`serving_engines`, :func:`speculative_tokens`, the serve commands). Import
-(heads published in these layouts, loaded as native heads) lives in :mod:`specheads.heads.foreign`, below both.
+Export writes into a temporary folder (a one-file format such as ``gguf``: a temporary file) next to ``out``, replays
+the engines' loading rules on it (:func:`~specheads.export.check.check_export`) and only then renames it to ``out``: a
+refused or failed export leaves nothing behind, and an existing non-empty ``out`` is never touched. Each method writes
+its own layouts (its ``export.py``; the registry's :class:`~specheads.registry.ExportFormat` records); the helpers
+those writers share are public here (:func:`check_heads`, :func:`serving_engines`, :func:`speculative_tokens`, the
+serve commands). Import (heads published in these layouts, loaded as native heads) lives in
+:mod:`specheads.heads.foreign`, below both.
 """
 
 from __future__ import annotations
@@ -64,10 +66,12 @@ def export_heads(
     """Write ``heads`` to ``out`` in ``format`` and check the result against the engines that serve it.
 
     Args:
-        heads: an :class:`EagleHead` or :class:`MedusaHeads` (checked against ``base_model`` when both are given).
+        heads: heads of a method whose registry entry lists ``format`` (checked against ``base_model`` when both
+            are given).
         out: a new (or empty) directory.
-        format: ``eagle3`` | ``speculators`` | ``eagle`` | ``medusa`` | ``gguf`` (an EAGLE-3 draft file for
-            llama.cpp; ``out`` is then a new ``.gguf`` file).
+        format: one of :data:`FORMATS`, the registry's formats (``eagle3``, ``speculators``, ``eagle``, ``gguf``,
+            ``medusa``, ``dflash``, ``dspark``); ``gguf`` is an EAGLE-3 draft file for llama.cpp, and ``out`` is then
+            a new ``.gguf`` file.
         base_model: the base the heads belong to. ``speculators`` needs it (it writes the base's ``embed_tokens``,
             which speculators never fills in itself); Medusa heads with a shared lm_head write per-head copies of it.
         base_name: the base's hub id or path written into the config and the serve commands (default: the base's
