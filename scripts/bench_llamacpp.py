@@ -1,11 +1,15 @@
-"""The speed llama.cpp users get: llama-server greedy against llama-server with specheads' EAGLE-3 draft.
+"""The speed llama.cpp users get: llama-server greedy against llama-server with specheads' EAGLE-3 draft, or with a
+separate draft model (llama.cpp's classic draft mode, ``-md draft.gguf --spec-type draft-simple``).
 
     python scripts/bench_llamacpp.py --server BIN --base smollm2-135m --draft-n 1 2 3 --p-min 0 0.6 [--threads 1]
+    python scripts/bench_llamacpp.py --server BIN --base qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b \
+        --prompts humaneval --limit 10 --draft-n 3 5 --p-min 0 0.6
 
 Every configuration is served at once (one llama-server each, all on 127.0.0.1; an idle server uses no CPU) and the
 requests are interleaved: each prompt goes to every configuration in turn, the order rotating from prompt to prompt,
-so a change in machine load hits all of them alike. Prompts are MT-Bench questions, both turns: the second turn
-follows llama-server greedy's own first answer (the same for every configuration, as specheads bench does). Tokens/s
+so a change in machine load hits all of them alike. Prompts are MT-Bench questions by default, both turns: the
+second turn follows llama-server greedy's own first answer (the same for every configuration, as specheads bench
+does); ``--prompts humaneval`` / ``gsm8k`` (``--limit N``: the first N) are the code and math sets. Tokens/s
 are the server's own timings of the generated tokens (``predicted_per_second``: prompt processing excluded);
 acceptance is its ``draft_n_accepted / draft_n``. Every speculative output is checked against the greedy one.
 Prints a table (markdown) and writes ``--out`` JSON.
@@ -52,6 +56,12 @@ def main() -> int:
     parser.add_argument("--server", type=Path, required=True, help="the llama-server binary")
     parser.add_argument("--base", default="smollm2-135m", help="a named base (its GGUF is served)")
     parser.add_argument("--heads", help="EAGLE-3 heads (default: the heads shipped for --base)")
+    parser.add_argument(
+        "--draft-model",
+        help="a named base served as a classic draft model (-md, --spec-type draft-simple) instead of EAGLE-3 heads",
+    )
+    parser.add_argument("--prompts", default="mt-bench", help="mt-bench (both turns), humaneval, gsm8k or a file")
+    parser.add_argument("--limit", type=int, help="the first N prompts (humaneval, gsm8k, a file)")
     parser.add_argument("--draft-n", type=int, nargs="+", default=[1, 2, 3], help="draft lengths to serve")
     parser.add_argument(
         "--p-min",
@@ -60,26 +70,30 @@ def main() -> int:
         default=[0.0],
         help="--spec-draft-p-min values: llama.cpp stops a draft at the first token below this probability",
     )
-    parser.add_argument("--per-category", type=int, default=1, help="MT-Bench questions per category")
+    parser.add_argument("--per-category", type=int, help="MT-Bench questions per category (default 1)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--out", type=Path, help="JSON results")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="specheads-bench-llamacpp-"))
-    base = load_causal_lm(args.base)
     tokenizer = load_tokenizer(args.base)
-    head = load_heads(args.heads or assets.shipped_heads(args.base), base)
     base_gguf = assets.named_gguf(args.base)
-    draft = work / "draft.gguf"
-    export_heads(head, draft, "gguf", base_model=base, dtype=args.dtype, target_gguf=base_gguf)
-    del base
-    prompts = load_prompts("mt-bench", tokenizer, per_category=args.per_category)
+    if args.draft_model:  # a separate draft model: its own GGUF, llama.cpp's classic draft loop
+        draft, kind, spec_type = assets.named_gguf(args.draft_model), "draft", "draft-simple"
+    else:  # specheads' EAGLE-3 heads, written as llama.cpp's EAGLE-3 draft GGUF
+        base = load_causal_lm(args.base)
+        head = load_heads(args.heads or assets.shipped_heads(args.base), base)
+        draft, kind, spec_type = work / "draft.gguf", "eagle3", "draft-eagle3"
+        export_heads(head, draft, "gguf", base_model=base, dtype=args.dtype, target_gguf=base_gguf)
+        del base
+    per_category = args.per_category if args.per_category is not None else (1 if args.prompts == "mt-bench" else None)
+    prompts = load_prompts(args.prompts, tokenizer, limit=args.limit, per_category=per_category)
     load = measure_load(2.0)
     start = time.time()
-    configs = {f"eagle3-n{n}-p{p:g}": (n, p) for n in args.draft_n for p in args.p_min}
+    configs = {f"{kind}-n{n}-p{p:g}": (n, p) for n in args.draft_n for p in args.p_min}
     names = ["greedy", *configs]
-    spec = ["--spec-type", "draft-eagle3", "--spec-draft-n-min", "0"]
+    spec = ["--spec-type", spec_type, "--spec-draft-n-min", "0"]
     rows: dict[str, list[dict]] = {name: [] for name in names}
     mismatches = []
     with ExitStack() as stack:
@@ -119,9 +133,10 @@ def main() -> int:
 
     table = [summary(name) for name in names]
     base_speed = table[0]["tokens_per_s"]
-    print(f"\nllama-server, {args.base} ({base_gguf.name}), MT-Bench {len(prompts)} questions x both turns = "
+    drafted_by = f"draft model {draft.name}" if args.draft_model else f"EAGLE-3 draft {args.dtype}"
+    print(f"\nllama-server, {args.base} ({base_gguf.name}), {args.prompts} {len(prompts)} prompts = "
           f"{len(greedy)} requests, {args.max_new_tokens} new tokens max, T=0, {args.threads} thread(s); "
-          f"draft {args.dtype}; load of other processes before/after: {load.busy:.1f}/{after.busy:.1f} of "
+          f"{drafted_by}; load of other processes before/after: {load.busy:.1f}/{after.busy:.1f} of "
           f"{load.cores} cores; {time.time() - start:.0f} s")  # fmt: skip
     print("\n| config | tokens/s | x greedy (total) | x greedy (median per request) | acceptance | drafted |")
     print("|---|---|---|---|---|---|")
@@ -130,8 +145,8 @@ def main() -> int:
         print(f"| {row['config']} | {row['tokens_per_s']:.1f} | {row['tokens_per_s'] / base_speed:.2f}x | "
               f"{row['speedup_median']:.2f}x | {acc} | {row['drafted']} |")  # fmt: skip
     print(
-        f"\nspeculative output equals greedy on {len(greedy) * len(args.draft_n) - len(mismatches)} of "
-        f"{len(greedy) * len(args.draft_n)} requests" + (f"; differs: {mismatches}" if mismatches else "")
+        f"\nspeculative output equals greedy on {len(greedy) * len(configs) - len(mismatches)} of "
+        f"{len(greedy) * len(configs)} requests" + (f"; differs: {mismatches}" if mismatches else "")
     )
     one = curve.get(1)
     if one:
