@@ -2,8 +2,8 @@
 
 A tree pays when the tokens it is expected to add outweigh what verifying it costs. Both are measured:
 
-* ``agreement_by_rank[d][r]``: how often the base's own token at depth d + 1 is head d's rank-r candidate (from
-  held-out data, :func:`specheads.training.evaluate.head_agreement`);
+* ``agreement_by_rank[d][r]``: how often the base's own token at depth d + 1 is the drafter's rank-r candidate at
+  that depth (from held-out data, by the function the method's registry entry names as its ``evaluate``);
 * the verify cost curve: the base's forward time for q query tokens over a cached prefix, on this machine.
 
 Under Medusa's independence approximation a node ``(r1, ..., rd)`` is reached with probability

@@ -80,7 +80,7 @@ class HeadType:
         drafter: ``drafter(heads) -> Drafter``.
         bench_trees: the trees ``specheads bench`` decodes these heads with by default (rows ``<type>-<tree>``).
         formats: the export formats (``specheads export --format``) these heads are written in.
-        layouts: the engine layouts (as :func:`specheads.export.formats.foreign_format` names them) whose folders
+        layouts: the engine layouts (as :func:`specheads.heads.foreign.foreign_format` names them) whose folders
             load as these heads.
         draft_cost: ``"module:function"``, ``function(heads) -> ms``: the cost of one draft level, which calibration
             adds per tree depth (None: drafting costs the same at any depth, e.g. one forward of all heads).

@@ -19,9 +19,10 @@ ADAPTER_DIR = "adapter"
 def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None) -> torch.nn.Module:
     """Load heads: a native checkpoint (the class from ``config.json``'s ``head_type``) or an engine layout.
 
-    Engine layouts (``eagle3`` SpecForge/SGLang, ``speculators``, ``eagle`` EAGLE-1, ``medusa`` FasterDecoding/TGI;
-    see :mod:`specheads.export`) are recognised from their config files and converted; they carry no fingerprint of
-    their base, so they need ``base_model`` and every shape is checked against it.
+    Engine layouts (every layout a registry entry's ``layouts`` lists: ``eagle3`` SpecForge/SGLang, ``speculators``,
+    ``eagle`` EAGLE-1, ``medusa`` FasterDecoding/TGI, ``dflash`` z-lab's DFlash, ``dspark`` DeepSpec's DSpark; see
+    :mod:`specheads.heads.foreign`) are recognised from their config files and converted; they carry no fingerprint
+    of their base, so they need ``base_model`` and every shape is checked against it.
 
     Args:
         directory: the checkpoint directory.

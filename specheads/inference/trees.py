@@ -21,7 +21,9 @@ from typing import Any
 
 import torch
 
-TREES_DIR = Path(__file__).resolve().parents[1] / "trees"  # package data (configs/trees links here in the repository)
+# The named trees are package data (pyproject's package-data ``trees/*.json``), found beside this package in a checkout
+# and in an installed wheel alike; the repository's configs/trees is a symlink to this folder, absent from a wheel.
+TREES_DIR = Path(__file__).resolve().parents[1] / "trees"
 _CHAIN_RE = re.compile(r"^chain-(\d+)$")
 _DYNAMIC_RE = re.compile(r"^dynamic-(\d+)-(\d+)-(\d+)$")
 _BLOCK_RE = re.compile(r"^ddtree-(\d+)$")
@@ -292,8 +294,8 @@ def resolve_tree(spec: str | Path | Sequence[Sequence[int]]) -> TreeBuffers:
     """Turn a user's ``tree=`` value into tree buffers.
 
     Args:
-        spec: ``"chain-K"``; a name of a JSON file under ``configs/trees/`` (with or without ``.json``); a path to a
-            JSON file ``{"choices": [...]}``; or a Medusa choice list.
+        spec: ``"chain-K"``; the name of a tree shipped in the package (a JSON file in ``specheads/trees/``, named
+            without ``.json``); a path to a JSON file ``{"choices": [...]}``; or a Medusa choice list.
 
     Raises:
         TreeError: for an unknown name, an unreadable file or a malformed tree.
@@ -332,7 +334,7 @@ def _load_tree_file(text: str) -> list:
 
 
 def available_trees() -> list[str]:
-    """Names of the tree files shipped under ``configs/trees/``."""
+    """Names of the tree files shipped in the package (``specheads/trees/``)."""
     return sorted(p.stem for p in TREES_DIR.glob("*.json")) if TREES_DIR.is_dir() else []
 
 
