@@ -69,7 +69,7 @@ MUTATIONS = (
         "specheads/methods/eagle/export.py",
         '    state["fc.weight"] = torch.cat([blocks[i] for i in order], dim=1)',
         '    state["fc.weight"] = torch.cat(list(blocks), dim=1)',
-        ("tests/export/test_speculators_consumer.py",),
+        ("tests/methods/eagle/test_speculators_consumer.py",),
         (("SPECHEADS_REQUIRE_SPECULATORS", "1"),),
     ),
     Mutation(
@@ -114,7 +114,7 @@ MUTATIONS = (
         "        per_depth = 0.1 * data_ce + 0.9 * l1",
         "        per_depth = 0.9 * data_ce + 0.1 * l1",
         (
-            "tests/training/test_dflash_trainer.py::test_the_dspark_loss_is_0_1_ce_plus_0_9_l1_plus_the_confidence_bce_by_hand",
+            "tests/methods/dflash/test_dflash_trainer.py::test_the_dspark_loss_is_0_1_ce_plus_0_9_l1_plus_the_confidence_bce_by_hand",
         ),
     ),
 )

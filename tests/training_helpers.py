@@ -1,5 +1,6 @@
-"""Helpers of the training tests: a workspace with a tiny base and code text, the trained heads' state, and the
-environment of training subprocesses."""
+"""Helpers of the training tests: a workspace with a tiny base and code text, the trained heads' state, the
+environment of training subprocesses, and the private rows cache every training test gets (``rows_cache``, autouse
+wherever it is imported: tests/training's conftest and the methods' trainer tests)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
@@ -21,6 +23,14 @@ TIMEOUT_S = 300  # a 2-process run must never hang the suite
 TEXT = (
     "def add(a, b):\n    return a + b\n\n\nclass Stack:\n    def push(self, item):\n        self.items.append(item)\n"
 )
+
+
+@pytest.fixture(autouse=True)
+def rows_cache(tmp_path_factory, monkeypatch):
+    """Cached rows go to a fresh folder per test, not to the user's datasets cache."""
+    folder = tmp_path_factory.mktemp("datasets-cache")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(folder))
+    return folder
 
 
 def make_workspace(root: Path, layers: int = 2) -> Path:

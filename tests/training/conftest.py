@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import datasets
 import pytest
 from chat_helpers import CHATML
 from helpers import tiny_tokenizer
-
-
-@pytest.fixture(autouse=True)
-def rows_cache(tmp_path_factory, monkeypatch):
-    """Cached rows go to a fresh folder per test, not to the user's datasets cache."""
-    folder = tmp_path_factory.mktemp("datasets-cache")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(folder))
-    return folder
+from training_helpers import rows_cache  # noqa: F401 - autouse: shared with the methods' trainer tests
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import tiny_model
-from training_helpers import heads_state, kill_after_checkpoint_and_resume, make_workspace, two_processes
+from training_helpers import (
+    heads_state,
+    kill_after_checkpoint_and_resume,
+    make_workspace,
+    rows_cache,  # noqa: F401 - autouse: a private rows cache per test
+    two_processes,
+)
 
 from specheads import SpecDecoder
 from specheads.heads import load_heads
