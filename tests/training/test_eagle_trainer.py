@@ -127,7 +127,9 @@ def test_eagle3_two_processes_agree_with_one(workspace, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_eagle3_ddp_accelerate_config_agrees_with_one_process(workspace, tmp_path) -> None:
-    """The shipped ``configs/accelerate/ddp.yaml`` (mixed precision overridden to no: this CPU has no bf16 units)."""
+    """The shipped ``configs/accelerate/ddp.yaml``, its bf16 mixed precision overridden to no on the launch command:
+    the trainer chooses no for this float32 base too (bf16 only for a bf16 base, on a CPU with native bf16
+    products)."""
     _two_equal_one(workspace, tmp_path, config_file=REPO / "configs" / "accelerate" / "ddp.yaml")
 
 
