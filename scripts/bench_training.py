@@ -17,9 +17,9 @@ import torch
 
 from specheads.heads import MedusaHeads
 from specheads.loading import load_causal_lm, load_tokenizer
+from specheads.methods.medusa.losses import medusa_loss
 from specheads.training.config import DataConfig
 from specheads.training.data import build_dataset
-from specheads.training.losses import medusa_loss
 from specheads.training.trainer import expand_data_paths
 
 

@@ -74,7 +74,9 @@ class HeadType:
         module: the ``nn.Module`` class (``from_base``, ``from_checkpoint``, ``save_pretrained``, ``attach_base``).
         recipe: the dataclass of the recipe's ``heads`` section.
         build: ``build(base, section, dataset) -> heads``: fresh heads for training.
-        train_step: ``train_step(run, batch) -> (loss, metrics)``: the loss of one micro-batch, base in the loop.
+        train_step: ``train_step(context, batch) -> StepResult``: the loss and metrics of one micro-batch, base in
+            the loop (:class:`specheads.training.step.StepContext`: step, epoch, recipe section, the base, the
+            heads); the trainer resolves it once per run.
         evaluate: ``evaluate(base, heads, batches, max_batches) -> dict``: held-out agreement with the base's
             greedy token per depth (``agreement_with_base_greedy``, ``agreement_by_rank``, ...).
         drafter: ``drafter(heads) -> Drafter``.
@@ -122,7 +124,8 @@ class HeadType:
     def build_heads(self, base: Any, section: Any, dataset: Any) -> Any:
         return _resolve(self.build)(base, section, dataset)
 
-    def train_step_fn(self) -> Any:
+    def train_step_fn(self) -> Callable[..., Any]:
+        """The method's ``train_step(context, batch) -> StepResult`` (imported on first use)."""
         return _resolve(self.train_step)
 
     def evaluate_fn(self) -> Any:

@@ -181,7 +181,7 @@ def train_eagle_head(base: PreTrainedModel, sequences: torch.Tensor, steps: int 
     Random heads almost never agree with a random base; these do often enough that multi-token commits happen.
     """
     from specheads.heads import EagleHead
-    from specheads.training.losses import draft_cross_entropy, eagle_targets
+    from specheads.methods.eagle.losses import draft_cross_entropy, eagle_targets
 
     torch.manual_seed(0)
     head = EagleHead.from_base(base, **head_kwargs)

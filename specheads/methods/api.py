@@ -70,24 +70,20 @@ from specheads.inference.trees import (
 from specheads.loading import base_layer_shape, vocab_size
 from specheads.registry import ExportFormat, Readout
 
-# Training: recipe errors, the base's features and teacher, the shared losses, held-out agreement.
+# Training: recipe errors, the step's typed context and result, the base's features and teacher, the shared losses,
+# held-out agreement.
 from specheads.training.config import ConfigError
 from specheads.training.evaluate import RANKS, agreement_summary
 from specheads.training.features import base_output, teacher_logits
 from specheads.training.losses import (
     TeacherLogits,
-    UnrolledLosses,
     distillation_loss,
-    eagle1_loss,
-    eagle_loss,
+    flat_rows,
     linear_cross_entropy,
     lm_loss,
-    medusa2_head_weights,
-    medusa_head_loss,
     projected_top_k,
-    stack_head_losses,
-    ttt_weights,
 )
+from specheads.training.step import StepContext, StepResult
 
 __all__ = [
     "RANKS",
@@ -110,10 +106,11 @@ __all__ = [
     "HeadCheckpointError",
     "Proposal",
     "Readout",
+    "StepContext",
+    "StepResult",
     "TeacherLogits",
     "TreeBuffers",
     "TreeFamily",
-    "UnrolledLosses",
     "agreement_summary",
     "base_layer_shape",
     "base_model_info",
@@ -128,16 +125,13 @@ __all__ = [
     "distillation_loss",
     "draft_maps",
     "dynamic_parameters",
-    "eagle1_loss",
-    "eagle_loss",
+    "flat_rows",
     "id_list",
     "kv_cache",
     "linear_cross_entropy",
     "llamacpp_command",
     "lm_loss",
     "load_module_state",
-    "medusa2_head_weights",
-    "medusa_head_loss",
     "nonzero_bias",
     "probabilities",
     "projected_top_k",
@@ -149,12 +143,10 @@ __all__ = [
     "serving_engines",
     "shape_error",
     "speculative_tokens",
-    "stack_head_losses",
     "teacher_logits",
     "tensor_problems",
     "tree_from_choices",
     "tree_from_parents",
-    "ttt_weights",
     "unknown_tensors",
     "vllm_command",
     "vocab_size",

@@ -2,8 +2,12 @@
 
 The head type (``heads.type``) comes from :mod:`specheads.registry`, which names how its heads are built, the
 loss of one micro-batch and the held-out evaluation; this module owns everything else (processes, data, optimizer,
-schedule, checkpoints, export). Medusa (:mod:`specheads.methods.medusa.train`): Medusa-1 freezes the base, which
-runs once per batch for all heads; Medusa-2 (``lora.enabled``) trains peft LoRA adapters jointly with the heads under
+schedule, checkpoints, export). The loss is the method's ``train_step(context, batch) -> StepResult``
+(:mod:`specheads.training.step`): the trainer hands it a typed :class:`StepContext` per micro-batch and reads back
+the loss and the metrics; a method never sees the trainer's own state.
+
+Medusa (:mod:`specheads.methods.medusa.train`): Medusa-1 freezes the base, which runs once per batch for all heads;
+Medusa-2 (``lora.enabled``) trains peft LoRA adapters jointly with the heads under
 ``L = lm_w * L_LM + sum_k w0 * decay^k * schedule * L_k``. EAGLE (:mod:`specheads.methods.eagle.train`): the base is
 frozen and in the loop; EAGLE-1 regresses features, EAGLE-3 unrolls the draft on its own outputs.
 
@@ -27,7 +31,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +50,7 @@ from specheads.training.config import ConfigError, RecipeConfig
 from specheads.training.data import build_dataset
 from specheads.training.evaluate import heldout_lm_loss, simulated_tau
 from specheads.training.features import CachedFeatures, collate_padded, rows_fingerprint, write_feature_cache
+from specheads.training.step import StepContext, StepResult
 
 CHECKPOINTS = "checkpoints"
 RUN_CONFIG = "run_config.json"
@@ -89,11 +94,16 @@ class Run:
     head_type: HeadType
     step: int = 0  # optimizer steps done
     batches_seen: int = 0  # micro-batches consumed on each process (decides the epoch and the resume position)
-    logging_step: bool = False  # this micro-batch's metrics are logged (head types skip costly metrics otherwise)
     stop_signal: int | None = None  # SIGINT/SIGTERM received: stop after the current optimizer step
     tokens_seen: int = 0  # real (unpadded) tokens of every micro-batch of every process, up to the last checkpoint
     targets_seen: int = 0  # of which training targets (loss_mask)
     pending: list[int] = field(default_factory=lambda: [0, 0])  # this process's tokens / targets since then
+    # the method's train_step(context, batch) -> StepResult, resolved once per run (default: the head type's)
+    train_step: Callable[[StepContext, dict[str, torch.Tensor]], StepResult] | None = None
+
+    def __post_init__(self) -> None:
+        if self.train_step is None:
+            self.train_step = self.head_type.train_step_fn()
 
 
 def train(config: RecipeConfig) -> Path:
@@ -463,7 +473,7 @@ def train_loop(run: Run) -> None:
         batches = accelerator.skip_first_batches(run.dataloader, consumed) if consumed else run.dataloader
         for batch in batches:
             with accelerator.accumulate(*models):
-                metrics = _train_batch(run, batch)
+                metrics = train_batch(run, batch)
             run.batches_seen += 1
             real = int(batch["attention_mask"].sum())
             tokens += real * accelerator.num_processes
@@ -535,9 +545,29 @@ def _stop_on_signals(run: Run) -> Iterator[None]:
             signal.signal(number, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
 
 
-def _train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    run.logging_step = (run.step + 1) % run.config.log.every == 0 or run.step + 1 == run.total_steps
-    loss, head_metrics = run.head_type.train_step_fn()(run, batch)
+def step_context(run: Run, log_metrics: bool) -> StepContext:
+    """What the method's training step reads of ``run`` for its next micro-batch (see :class:`StepContext`)."""
+    config = run.config
+    return StepContext(
+        step=run.step,
+        epoch=run.batches_seen // max(run.batches_per_epoch, 1),
+        seed=config.train.seed,
+        section=config.heads,
+        joint=config.lora if config.lora.enabled else None,
+        log_metrics=log_metrics,
+        base=run.base,
+        heads=run.heads,
+        accelerator=run.accelerator,
+    )
+
+
+def train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    """One micro-batch: the method's loss (``run.train_step`` with this micro-batch's :func:`step_context`),
+    its backward and, at the end of an accumulation, the clipped optimizer step. Returns ``loss`` and the method's
+    metrics (its costly ones only on steps that log, ``log.every`` and the last)."""
+    log_metrics = (run.step + 1) % run.config.log.every == 0 or run.step + 1 == run.total_steps
+    result = run.train_step(step_context(run, log_metrics), batch)
+    loss = result.loss
     run.accelerator.backward(loss)
     if run.accelerator.sync_gradients:
         run.accelerator.clip_grad_norm_(
@@ -547,7 +577,7 @@ def _train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     if run.accelerator.sync_gradients:
         run.scheduler.step()
     run.optimizer.zero_grad()
-    return {"loss": float(loss.detach()), **head_metrics}
+    return {"loss": float(loss.detach()), **result.metrics}
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints

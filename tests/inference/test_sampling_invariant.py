@@ -20,7 +20,7 @@ from specheads.inference.oracle import chi_square_p, sequence_counts, token_dist
 from specheads.inference.sampling import SamplingParams
 from specheads.inference.trees import resolve_tree
 from specheads.methods.eagle.drafter import EagleDrafter
-from specheads.training.losses import draft_cross_entropy, eagle_targets
+from specheads.methods.eagle.losses import draft_cross_entropy, eagle_targets
 
 pytestmark = pytest.mark.slow  # Monte Carlo: thousands of seeded decodes per test
 

@@ -13,7 +13,7 @@ from helpers import tiny_model
 from specheads.heads import EagleHead
 from specheads.heads.vocab import select_draft_vocab
 from specheads.inference import kv_cache
-from specheads.training.losses import draft_cross_entropy, eagle1_loss, eagle_loss, eagle_targets, ttt_weights
+from specheads.methods.eagle.losses import draft_cross_entropy, eagle1_loss, eagle_loss, eagle_targets, ttt_weights
 
 VOCAB = 8
 TOKENS = torch.tensor([[2, 3, 4, 5, 6, 7]])  # [1, 6]

@@ -245,8 +245,9 @@ def test_held_out_evaluation_runs_on_the_device_with_batches_from_a_cpu_loader()
 
 # ------------------------------------------------------------------------------------ throughput: teacher, bf16
 def test_the_draft_vocabulary_teacher_is_the_full_teachers_distribution_renormalised() -> None:
+    from specheads.methods.eagle.losses import eagle_loss
     from specheads.training.features import base_output, teacher_logits
-    from specheads.training.losses import TeacherLogits, eagle_loss
+    from specheads.training.losses import TeacherLogits
 
     base = _base()
     ids = torch.randint(2, 96, (2, 12), generator=torch.Generator().manual_seed(0))

@@ -7,16 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specheads.training.losses import (
-    TeacherLogits,
-    distillation_loss,
-    head_targets,
-    linear_cross_entropy,
-    lm_loss,
-    medusa2_head_weights,
-    medusa_head_loss,
-    medusa_loss,
-)
+from specheads.methods.medusa.losses import head_targets, medusa2_head_weights, medusa_head_loss, medusa_loss
+from specheads.training.losses import TeacherLogits, distillation_loss, linear_cross_entropy, lm_loss
 
 VOCAB = 20
 TOKENS = torch.tensor([[10, 11, 12, 13, 14, 15]])  # [1, 6]

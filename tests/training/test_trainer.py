@@ -164,7 +164,7 @@ def _signal_during_step(monkeypatch, step: int, number: int, times: int = 1) -> 
     """Deliver ``number`` to this process ``times`` times while optimizer step ``step`` runs."""
     from specheads.training import trainer
 
-    original = trainer._train_batch
+    original = trainer.train_batch
 
     def batch_then_signal(run, batch):
         metrics = original(run, batch)
@@ -173,7 +173,7 @@ def _signal_during_step(monkeypatch, step: int, number: int, times: int = 1) -> 
                 signal.raise_signal(number)
         return metrics
 
-    monkeypatch.setattr(trainer, "_train_batch", batch_then_signal)
+    monkeypatch.setattr(trainer, "train_batch", batch_then_signal)
 
 
 @pytest.mark.parametrize(("number", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 
 from specheads.methods.api import (
     RANKS,
+    StepContext,
+    StepResult,
     agreement_summary,
     base_output,
 )
@@ -185,23 +187,18 @@ def block_losses(
     return loss, parts
 
 
-def _epoch(run: Any) -> int:
-    return run.batches_seen // max(run.batches_per_epoch, 1)
-
-
-def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one micro-batch (see the module docstring)."""
-    section: DFlashHeadsConfig = run.config.heads
-    head: DFlashHead = run.accelerator.unwrap_model(run.heads)
+def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResult:
+    """The loss of one micro-batch (see the module docstring); anchors are drawn from the recipe's seed, the epoch
+    and each row's tokens."""
+    section: DFlashHeadsConfig = context.section
+    head: DFlashHead = context.module
     input_ids = batch["input_ids"].long()
     attention_mask, loss_mask = batch["attention_mask"], batch["loss_mask"]
-    with torch.no_grad():
-        out = base_output(run.base, batch)
-    features = [out.hidden_states[index].float() for index in head.hidden_state_layers]
-    seeds = [row_seed(run.config.train.seed, _epoch(run), input_ids[row]) for row in range(input_ids.shape[0])]
+    features, out = context.base_features(batch, head.hidden_state_layers)
+    seeds = [row_seed(context.seed, context.epoch, input_ids[row]) for row in range(input_ids.shape[0])]
     anchors, used = sample_anchors(valid_anchors(loss_mask, attention_mask), section.num_anchors, seeds)
     tokens, teacher_positions, valid = depth_targets(head, input_ids, loss_mask, attention_mask, anchors, used)
-    hidden = depth_hidden(head, run.heads(input_ids, features, anchors, attention_mask))  # [B, N, D, h]
+    hidden = depth_hidden(head, context.heads(input_ids, features, anchors, attention_mask))  # [B, N, D, h]
     previous = previous_tokens(head, input_ids, anchors) if head.markov_head is not None else None
     logits = head.slot_logits(hidden, previous)
     needs_teacher = section.targets == "self" or section.resolved_loss == "dspark" or head.confidence_head is not None
@@ -217,7 +214,7 @@ def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
     metrics = {"block/loss": float(loss.detach()), "block/depths": float(valid.sum()) / max(int(used.sum()), 1)}
     if "confidence_bce" in parts:
         metrics["block/confidence_bce"] = float(parts["confidence_bce"])
-    if run.logging_step:
+    if context.log_metrics:
         with torch.no_grad():
             wanted = out.logits[torch.arange(input_ids.shape[0])[:, None, None], teacher_positions.clamp_min(0)]
             hits = (logits.argmax(dim=-1) == wanted.argmax(dim=-1)) & valid
@@ -225,7 +222,7 @@ def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
                 count = int(valid[..., depth].sum())
                 if count:
                     metrics[f"depth_{depth + 1}/agreement"] = float(hits[..., depth].sum()) / count
-    return loss, metrics
+    return StepResult(loss, metrics)
 
 
 @torch.inference_mode()

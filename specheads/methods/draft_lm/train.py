@@ -7,15 +7,17 @@ from typing import Any
 import torch
 
 from specheads.methods.api import (
+    StepContext,
+    StepResult,
     TeacherLogits,
-    base_output,
     linear_cross_entropy,
     projected_top_k,
 )
+from specheads.methods.draft_lm.config import DraftHeadsConfig
 from specheads.methods.draft_lm.heads import DraftLM
 
 
-def build_heads(base: torch.nn.Module, section: Any, dataset: Any) -> DraftLM:
+def build_heads(base: torch.nn.Module, section: DraftHeadsConfig, dataset: Any) -> DraftLM:
     """A fresh fp32 draft with ``heads.num_layers`` of the base's layers (``heads.init_layers``)."""
     return DraftLM.from_base(base, num_layers=section.num_layers, init_layers=section.init_layers).float()
 
@@ -27,24 +29,23 @@ def _rows(loss_mask: torch.Tensor) -> torch.Tensor:
     return wanted.flatten().nonzero().squeeze(-1)
 
 
-def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResult:
     """``KL(base || draft)`` of the next-token distributions at every target position, a chunk of rows at a time."""
-    with torch.no_grad():
-        out = base_output(run.base, batch, logits_to_keep=0)
-    draft = run.accelerator.unwrap_model(run.heads)
-    hidden = run.heads(batch["input_ids"], batch["attention_mask"]).float()  # [B, T, H]
+    _, out = context.base_features(batch, (), logits_to_keep=0)  # the base's logits at every position
+    draft = context.module
+    hidden = context.heads(batch["input_ids"], batch["attention_mask"]).float()  # [B, T, H]
     rows = _rows(batch["loss_mask"])
     teacher = out.logits.flatten(0, 1)  # [B * T, V]
     weight = draft.model.get_output_embeddings().weight
     scored = linear_cross_entropy(
         hidden.flatten(0, 1), weight.float(), TeacherLogits(teacher, rows=rows), rows=rows, kl=True,
-        top_k=1 if run.logging_step else 0,
+        top_k=1 if context.log_metrics else 0,
     )  # fmt: skip
     metrics = {"draft/kl": float(scored.loss.detach())}
     if scored.top is not None and rows.numel():
         wanted = teacher[rows].argmax(dim=-1)
         metrics["draft/agreement"] = float((scored.top[:, 0] == wanted).float().mean())
-    return scored.loss, metrics
+    return StepResult(scored.loss, metrics)
 
 
 @torch.no_grad()

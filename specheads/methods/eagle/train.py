@@ -18,18 +18,17 @@ import torch
 
 from specheads.methods.api import (
     RANKS,
-    UnrolledLosses,
+    StepContext,
+    StepResult,
     agreement_summary,
     base_output,
-    eagle1_loss,
-    eagle_loss,
     projected_top_k,
     teacher_logits,
-    ttt_weights,
     vocab_size,
 )
 from specheads.methods.eagle.config import EagleHeadsConfig
 from specheads.methods.eagle.heads import EagleHead
+from specheads.methods.eagle.losses import UnrolledLosses, eagle1_loss, eagle_loss, ttt_weights
 
 
 def build_heads(base: torch.nn.Module, section: EagleHeadsConfig, dataset: Any) -> EagleHead:
@@ -71,22 +70,22 @@ def base_features(
     return [out.hidden_states[index].float() for index in head.hidden_state_layers], out
 
 
-def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResult:
     """The loss of one micro-batch (see the module docstring).
 
     No draft step's logits are built whole: the head's forward hands each step's projection inputs to a readout
     that keeps them, and at the last step :func:`eagle_loss` scores them all, a chunk of positions at a time,
     against the base's logits (inside the forward, where wrappers such as DDP and FSDP see the projection's use).
     """
-    section: EagleHeadsConfig = run.config.heads
-    head: EagleHead = run.accelerator.unwrap_model(run.heads)
+    section: EagleHeadsConfig = context.section
+    head: EagleHead = context.module
     input_ids, loss_mask = batch["input_ids"], batch["loss_mask"] * batch["attention_mask"]
     corpus = section.targets == "corpus"
     draft_ids = head.draft_token_ids() if head.config.reduced_vocab else None
     # The teacher is the base's logits over the draft vocabulary alone, from its final hidden state: the full
     # [B, T, V] logits are built only for the logged agreement metric.
-    features, out = base_features(run.base, head, batch, full_logits=False)
-    teacher = None if corpus else teacher_logits(run.base, out, draft_ids)
+    features, out = context.base_features(batch, head.hidden_state_layers, full_logits=False)
+    teacher = None if corpus else teacher_logits(context.base, out, draft_ids)
     steps = 1 if head.config.version == 1 else section.ttt_steps
     step_weights = torch.ones(1) if head.config.version == 1 else ttt_weights(steps, section.ttt_decay)
     kept: list[torch.Tensor] = []
@@ -96,11 +95,11 @@ def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
         if len(kept) < steps:
             return None
         targets = (teacher, input_ids, loss_mask, draft_ids, corpus, head.config.vocab_size)
-        top_k = 1 if run.logging_step else 0  # the agreement metric reads the draft's top-1
+        top_k = 1 if context.log_metrics else 0  # the agreement metric reads the draft's top-1
         return eagle_loss(kept, weight, bias, step_weights, *targets, top_k=top_k)
 
     noise = section.feature_noise if head.config.version == 1 else 0.0
-    hiddens, results = run.heads(input_ids, features, batch["attention_mask"], steps, noise, readout)
+    hiddens, results = context.heads(input_ids, features, batch["attention_mask"], steps, noise, readout)
     losses: UnrolledLosses = results[-1]
     if head.config.version == 1:
         loss, parts = eagle1_loss(
@@ -110,11 +109,11 @@ def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
     else:
         loss = losses.loss
         metrics = {f"step_{step}/loss": float(value) for step, value in enumerate(losses.step_losses)}
-    if run.logging_step:
-        full = teacher_logits(run.base, out, None)
+    if context.log_metrics:
+        full = teacher_logits(context.base, out, None)
         for step, (top, mask) in enumerate(zip(losses.tops, losses.masks, strict=True)):
             metrics[f"step_{step}/agreement"] = _agreement(head, top, full, step, mask)
-    return loss, metrics
+    return StepResult(loss, metrics)
 
 
 def _agreement(head: EagleHead, top: torch.Tensor, base_logits: torch.Tensor, step: int, mask: torch.Tensor) -> float:

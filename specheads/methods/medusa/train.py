@@ -7,15 +7,14 @@ from typing import Any
 import torch
 
 from specheads.methods.api import (
-    base_output,
+    StepContext,
+    StepResult,
     distillation_loss,
     lm_loss,
-    medusa2_head_weights,
-    medusa_head_loss,
-    stack_head_losses,
 )
 from specheads.methods.medusa.config import HeadsConfig
 from specheads.methods.medusa.heads import MedusaHeads
+from specheads.methods.medusa.losses import medusa2_head_weights, medusa_head_loss, stack_head_losses
 
 
 def build_heads(base: torch.nn.Module, section: HeadsConfig, dataset: Any) -> MedusaHeads:
@@ -25,34 +24,34 @@ def build_heads(base: torch.nn.Module, section: HeadsConfig, dataset: Any) -> Me
     ).float()
 
 
-def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one micro-batch: one base forward for all heads (with gradients only in Medusa-2's joint stage).
+def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResult:
+    """The loss of one micro-batch: one base forward for all heads (with gradients only in Medusa-2's joint stage,
+    ``context.joint`` set and past ``lora.stage1_steps``).
 
     No head's ``[B, T, V]`` logits are built: the heads' forward hands each head's projection to
     :func:`medusa_head_loss`, which scores a chunk of positions at a time; the base's own losses (Medusa-2) are
     computed in chunks of its logits.
     """
-    config = run.config
+    lora = context.joint
     input_ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-    joint = config.lora.enabled and run.step >= config.lora.stage1_steps
-    with torch.set_grad_enabled(joint):
-        out = base_output(run.base, batch, logits_to_keep=0 if config.lora.enabled else 1)  # or the feature cache
-    hidden = out.hidden_states[-1].float()  # [B, T, H] the state the base's lm_head reads
+    joint = lora is not None and context.step >= lora.stage1_steps
+    # the state the base's lm_head reads [B, T, H] (or the feature cache's); all logits only for Medusa-2's own loss
+    (hidden,), out = context.base_features(batch, (-1,), grad=joint, logits_to_keep=0 if lora is not None else 1)
 
     def head_loss(head: int, states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
         # called inside the heads' forward with head k's projection: scored a chunk of positions at a time
-        return medusa_head_loss(states, input_ids, loss_mask, head, weight, bias, accuracy=run.logging_step)
+        return medusa_head_loss(states, input_ids, loss_mask, head, weight, bias, accuracy=context.log_metrics)
 
-    head_losses = stack_head_losses(run.heads(hidden, readout=head_loss))
-    if config.lora.enabled:
-        ramp = config.lora.head_weight_warmup_steps
-        schedule = min(1.0, (run.step + 1) / ramp) if ramp else 1.0
-        weights = medusa2_head_weights(
-            len(head_losses.loss), config.lora.head_weight, config.lora.head_decay, schedule
-        ).to(head_losses.loss.device)
+    head_losses = stack_head_losses(context.heads(hidden, readout=head_loss))
+    if lora is not None:
+        ramp = lora.head_weight_warmup_steps
+        schedule = min(1.0, (context.step + 1) / ramp) if ramp else 1.0
+        weights = medusa2_head_weights(len(head_losses.loss), lora.head_weight, lora.head_decay, schedule).to(
+            head_losses.loss.device
+        )
         loss = (weights * head_losses.loss).sum()
         if joint:
-            loss = loss + config.lora.lm_loss_weight * _base_loss(run, out.logits, input_ids, attention, loss_mask)
+            loss = loss + lora.lm_loss_weight * _base_loss(context, out.logits, input_ids, attention, loss_mask)
     else:
         loss = head_losses.loss.sum()  # Medusa-1: the heads' losses add up
     metrics = {}
@@ -60,15 +59,21 @@ def train_step(run: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
         metrics[f"head_{head}/loss"] = float(head_losses.loss[head].detach())
         metrics[f"head_{head}/top1"] = float(head_losses.top1[head])
         metrics[f"head_{head}/top5"] = float(head_losses.top5[head])
-    return loss, metrics
+    return StepResult(loss, metrics)
 
 
 def _base_loss(
-    run: Any, logits: torch.Tensor, input_ids: torch.Tensor, attention: torch.Tensor, loss_mask: torch.Tensor
+    context: StepContext,
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention: torch.Tensor,
+    loss_mask: torch.Tensor,
 ) -> torch.Tensor:
-    if not run.config.lora.self_distillation:
+    """Medusa-2's loss of the base itself: the next-token CE, or the KL to the adapter-free base
+    (``lora.self_distillation``)."""
+    if not context.joint.self_distillation:
         return lm_loss(logits, input_ids, loss_mask)
-    model = run.accelerator.unwrap_model(run.base)
+    model = context.accelerator.unwrap_model(context.base)
     with torch.no_grad(), model.disable_adapter():
         teacher = model(input_ids=input_ids, attention_mask=attention).logits
     return distillation_loss(logits, teacher, loss_mask)
