@@ -1,25 +1,44 @@
-"""Every registry entry is a complete method: it builds, saves and loads, decodes losslessly on four architectures,
-alone and in ragged batches, and exports and checks every format it lists.
+"""Every registry entry is a complete method: its recipe section loads, it builds, saves and loads, decodes
+losslessly on four architectures, alone and in ragged batches, trains through the trainer's step seam (a finite loss
+that falls on a fixed batch), evaluates its agreement per depth, prices a draft level for calibration, and exports
+and checks every format it lists (folders and one-file formats).
 
-Nothing here names a method: a new entry is tested the moment it is registered.
+Nothing here names a method: a new entry is tested the moment it is registered. Each check is a function of a
+:class:`~specheads.registry.HeadType` (:func:`check_method` runs them all), so that a method defined outside
+specheads, the toy method of ``toy_method/`` (one residual layer drafting a chain), passes the same checks with one
+registry entry and no other file changed: a new method is a folder and an entry.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import math
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from helpers import ARCHITECTURES, greedy_reference, tiny_model
+from helpers import ARCHITECTURES, greedy_reference, tiny_model, tiny_tokenizer
+from methods import toy_method
 
 from specheads import SpecDecoder
 from specheads.export import check_export, export_heads
 from specheads.heads import load_heads
-from specheads.registry import HEAD_TYPES, export_formats
+from specheads.registry import HEAD_TYPES, HeadType, export_formats
+from specheads.training.config import LogConfig, RecipeConfig, TrainConfig, load_config
+from specheads.training.evaluate import simulated_tau
+from specheads.training.step import StepContext, StepResult
+from specheads.training.trainer import Run, step_context, train_batch
 
 METHODS = sorted(HEAD_TYPES)
+TRAIN_STEPS = 6
+TRAIN_LR = 3e-3
 
 
+# ------------------------------------------------------------------------------------------------------ helpers
 def _prompt(length: int, seed: int) -> torch.Tensor:
     return torch.randint(2, 96, (1, length), generator=torch.Generator().manual_seed(seed))
 
@@ -28,16 +47,113 @@ def _greedy(base, prompt: torch.Tensor, new_tokens: int) -> list[int]:  # noqa: 
     return greedy_reference(base, prompt, new_tokens)[0, prompt.shape[1] :].tolist()
 
 
-def _heads(method, base, **section):  # noqa: ANN001, ANN003, ANN202
-    torch.manual_seed(0)
+def _section(method: HeadType, **values: Any) -> Any:
+    """The method's recipe section: its defaults, with those of ``values`` it has."""
     recipe = method.recipe_section()
-    values = {k: v for k, v in section.items() if k in {f.name for f in dataclasses.fields(recipe)}}
-    return method.build_heads(base, recipe(**values), None)
+    return recipe(**{k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(recipe)}})
 
 
-@pytest.mark.parametrize("name", METHODS)
-def test_a_method_builds_saves_loads_and_decodes_losslessly(name: str, tmp_path) -> None:
-    method = HEAD_TYPES[name]
+def _batch(seed: int = 0, rows: int = 2, length: int = 24) -> dict[str, torch.Tensor]:
+    """A training batch as the trainer's loader gives it: the second row right-padded, the first tokens no target."""
+    input_ids = torch.randint(2, 96, (rows, length), generator=torch.Generator().manual_seed(seed))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1:, length - 4 :] = 0
+    loss_mask = attention_mask.clone()
+    loss_mask[:, :2] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
+def _dataset() -> Any:
+    """Tokenised training rows as the trainer hands them to ``build`` (a method may count their tokens)."""
+    import datasets
+
+    rows = [_batch(seed) for seed in range(4)]
+    columns = {key: torch.cat([batch[key] for batch in rows]).tolist() for key in rows[0]}
+    return datasets.Dataset.from_dict(columns).with_format("torch")
+
+
+def _heads(method: HeadType, base, **section: Any):  # noqa: ANN001, ANN202
+    torch.manual_seed(0)
+    return method.build_heads(base, _section(method, **section), _dataset())
+
+
+def _probe_sections(method: HeadType, fmt: str) -> list[dict[str, Any]]:
+    """Recipe sections to try for heads a format holds: the method's default, then one field changed at a time,
+    a string field to the format's name (a variant's format is named after it), an integer field (or an optional
+    one) to 1, 2 or 3 (a version, a size), each kept only where the section validates."""
+    recipe = method.recipe_section()
+    hints = typing.get_type_hints(recipe)
+    probes: list[dict[str, Any]] = [{}]
+    for field in dataclasses.fields(recipe):
+        values = {str: [fmt], int: [1, 2, 3], int | None: [1, 2, 3]}.get(hints[field.name], [])
+        for value in values:
+            if field.name == "type" or value == getattr(recipe(), field.name):
+                continue
+            try:
+                recipe(**{field.name: value}).validate()
+            except Exception:  # noqa: BLE001 - a value the section refuses is no candidate
+                continue
+            probes.append({field.name: value})
+    return probes
+
+
+def _exported(method: HeadType, base, fmt: str, write: Callable[[Any, int], Any]) -> tuple[Any, Any]:  # noqa: ANN001
+    """``(heads, write(heads, attempt))`` for the first probed heads (:func:`_probe_sections`) that ``fmt`` holds."""
+    errors = []
+    for attempt, section in enumerate(_probe_sections(method, fmt)):
+        heads = _heads(method, base, **section)
+        try:
+            return heads, write(heads, attempt)
+        except ImportError as error:
+            pytest.skip(f"needs the package the {fmt} format writes with: {error}")
+        except ValueError as error:
+            errors.append(f"{section}: {error}")
+    pytest.fail(f"no heads of {method.name} export as {fmt}: {errors}")
+
+
+def _base_folder(base, folder: Path) -> Path:  # noqa: ANN001
+    """``base`` saved with a BPE tokenizer of its vocabulary, as ``specheads export --base DIR`` reads a base."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(vocab=tiny_tokenizer().get_vocab(), merges=[], unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
+    base.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _tiny_run(method: HeadType, base, heads, section: Any, output: Path) -> Run:  # noqa: ANN001
+    """A trainer :class:`Run` over in-memory parts (one CPU process, no data loader): what ``setup`` builds."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from transformers import get_scheduler
+
+    config = RecipeConfig(
+        heads=section,
+        train=TrainConfig(lr=TRAIN_LR, steps=TRAIN_STEPS, schedule="constant"),
+        log=LogConfig(every=2),  # metrics logged every other step: both paths of a method's step run
+    )
+    AcceleratorState._reset_state(reset_partial_state=False)  # as the trainer does: this run's own settings
+    accelerator = Accelerator(cpu=True, mixed_precision="no")
+    optimizer = torch.optim.AdamW([p for p in heads.parameters() if p.requires_grad], lr=TRAIN_LR, weight_decay=0.0)
+    heads, optimizer = accelerator.prepare(heads, optimizer)
+    scheduler = get_scheduler("constant", optimizer)
+    return Run(config, accelerator, base, heads, optimizer, scheduler, None, TRAIN_STEPS, 1, output, method)
+
+
+# ------------------------------------------------------------------------------------------------------- checks
+def check_recipe_section_loads(method: HeadType, tmp_path: Path) -> None:
+    """``heads.type=<name>`` in a recipe gives the method's section, with defaults that validate."""
+    config = load_config(None, [f"heads.type={method.name}", f"data.paths=[{tmp_path}]"])
+    assert isinstance(config.heads, method.recipe_section()), method.name
+    assert config.heads.type == method.name
+
+
+def check_builds_saves_loads_and_decodes(method: HeadType, tmp_path: Path) -> None:
+    """Fresh heads save, load back bit for bit, and decode exactly the base's greedy text, alone and batched."""
+    name = method.name
     for arch in ARCHITECTURES:
         base = tiny_model(arch, seed=1, layers=4)
         heads = _heads(method, base)
@@ -57,44 +173,238 @@ def test_a_method_builds_saves_loads_and_decodes_losslessly(name: str, tmp_path)
             assert out.new_tokens == _greedy(base, prompt, 10), f"{name} on {arch}, batched"
 
 
-FOLDER_FORMATS = [
-    (name, fmt) for name, method in sorted(HEAD_TYPES.items()) for fmt, spec in method.export_formats().items()
-    if spec.write is not None
-]  # fmt: skip
+def check_trains(method: HeadType, tmp_path: Path) -> None:
+    """Through the trainer's own micro-batch (:func:`train_batch`: the step context, the method's step resolved once
+    per run, backward, clipping, optimizer): typed results, finite losses that fall over a few steps on one batch."""
+    # the trainer's frozen base; sharper than a random one, so that a draft copied from it still has something to learn
+    base = tiny_model("llama", seed=1, layers=4, logit_scale=4.0).requires_grad_(False)
+    section = _section(method)
+    section.validate()
+    heads = _heads(method, base)
+    run = _tiny_run(method, base, heads, section, tmp_path)
+    assert run.train_step is not None  # resolved when the run was built, not per micro-batch
+    batch = _batch()
+    context = step_context(run, log_metrics=True)
+    assert isinstance(context, StepContext) and context.section is section and context.joint is None
+    assert context.module is heads and context.step == 0 and context.epoch == 0
+    result = run.train_step(context, batch)
+    assert isinstance(result, StepResult) and result.loss.dim() == 0 and result.loss.requires_grad
+    assert all(isinstance(key, str) and isinstance(value, float) for key, value in result.metrics.items())
+    before = {key: value.detach().clone() for key, value in heads.state_dict().items()}
+    losses = []
+    for _ in range(TRAIN_STEPS):
+        metrics = train_batch(run, batch)
+        run.step += 1
+        run.batches_seen += 1
+        assert all(isinstance(value, float) for value in metrics.values()), metrics
+        losses.append(metrics["loss"])
+    assert all(math.isfinite(loss) for loss in losses), f"{method.name}: {losses}"
+    assert losses[-1] < losses[0], f"{method.name}: the loss on a fixed batch does not fall: {losses}"
+    assert any(not torch.equal(value, heads.state_dict()[key]) for key, value in before.items()), "nothing trained"
 
 
-@pytest.mark.parametrize(("name", "fmt"), FOLDER_FORMATS)
-def test_every_folder_format_of_a_method_exports_checks_and_reads_back(name: str, fmt: str, tmp_path) -> None:
-    method = HEAD_TYPES[name]
+def check_evaluates(method: HeadType, tmp_path: Path) -> None:
+    """The method's held-out evaluation gives agreement with the base's greedy token per depth, which the trainer
+    turns into simulated tau when it comes per rank."""
+    base = tiny_model("llama", seed=1, layers=4)
+    heads = _heads(method, base).eval()
+    batches = [_batch(seed) for seed in (1, 2, 3)]
+    result = method.evaluate_fn()(base, heads, iter(batches), max_batches=2)
+    agreement = result["agreement_with_base_greedy"]
+    assert len(agreement) >= 1 and all(0.0 <= value <= 1.0 for value in agreement), agreement
+    if "positions" in result:
+        assert len(result["positions"]) == len(agreement) and result["positions"][0] > 0
+    if "agreement_by_rank" in result:
+        by_rank = result["agreement_by_rank"]
+        assert len(by_rank) == len(agreement) and all(0.0 <= p <= 1.0 for depth in by_rank for p in depth)
+        taus = simulated_tau(by_rank)
+        assert taus and all(math.isfinite(tau) and tau >= 1.0 for tau in taus.values()), taus
+
+
+def check_prices_a_draft_level(method: HeadType, tmp_path: Path) -> None:
+    """Calibration's draft-cost model: a finite, non-negative number of milliseconds."""
+    base = tiny_model("llama", seed=1, layers=4)
+    cost = method.draft_cost_ms(_heads(method, base).eval())
+    assert isinstance(cost, float) and math.isfinite(cost) and cost >= 0.0, cost
+
+
+def check_declares_its_formats(method: HeadType, tmp_path: Path) -> None:
+    """Every listed format has its spec: a folder layout (written, checked, read and recognised when it is a layout
+    the method loads) or one file (exported and checked)."""
+    specs = method.export_formats()
+    assert set(method.formats) == set(specs), method.name
+    assert set(method.layouts) <= set(method.formats), method.name
+    for fmt, spec in specs.items():
+        assert spec.name == fmt
+        if spec.export is not None:
+            assert spec.write is None and spec.suffix and spec.check_file is not None, fmt
+        else:
+            assert spec.write is not None and spec.weights and spec.check is not None, fmt
+    for layout in method.layouts:
+        assert specs[layout].read is not None and specs[layout].detect is not None, layout
+
+
+def check_folder_format(method: HeadType, fmt: str, tmp_path: Path) -> None:
+    """The format exports, passes its engines' checks, is recognised by its own detector, reads back as the same
+    heads and decodes losslessly."""
     base = tiny_model("llama", seed=1, layers=8)  # deep enough for distinct default feature layers
-    # A format may hold one version or variant of the method's heads: try the method's default, then each.
-    errors = []
-    for section in ({}, {"version": 3}, {"version": 1}, {"variant": "dspark"}):
-        heads = _heads(method, base, **section)
-        try:
-            result = export_heads(heads, tmp_path / f"{fmt}-{len(errors)}", format=fmt, base_model=base)
-        except ValueError as error:
-            errors.append(str(error))
-            continue
-        break
-    else:
-        pytest.fail(f"no heads of {method.name} export as {fmt}: {errors}")
+
+    def write(heads, attempt: int):  # noqa: ANN001, ANN202
+        return export_heads(heads, tmp_path / f"{fmt}-{attempt}", fmt, base_model=base)
+
+    heads, result = _exported(method, base, fmt, write)
     assert result.report.ok, result.report.render()
     assert check_export(result.directory).format == fmt  # recognised by its own detector
     back = load_heads(result.directory, base)
     assert type(back) is type(heads)  # a format several methods write is read by the method that wrote it
     for key, value in heads.state_dict().items():
-        torch.testing.assert_close(back.state_dict()[key], value, msg=f"{name} {fmt} {key}")
+        torch.testing.assert_close(back.state_dict()[key], value, msg=f"{method.name} {fmt} {key}")
     decoder = SpecDecoder(base, method.make_drafter(back))
     prompt = _prompt(9, seed=3)
     assert decoder.generate(prompt, max_new_tokens=8).new_tokens == _greedy(base, prompt, 8)
 
 
-def test_every_listed_format_has_its_spec_and_every_layout_its_method() -> None:
-    for method in HEAD_TYPES.values():
-        assert set(method.formats) == set(method.export_formats()), method.name
-        assert set(method.layouts) <= set(method.formats), method.name
+def check_file_format(method: HeadType, fmt: str, tmp_path: Path) -> None:
+    """A one-file format (``spec.export``) writes its file next to a base folder (model and tokenizer), which its
+    own ``check_file`` and :func:`check_export` pass."""
+    spec = method.export_formats()[fmt]
+    base = tiny_model("llama", seed=1, layers=8)
+    folder = _base_folder(base, tmp_path / "base")
+
+    def write(heads, attempt: int):  # noqa: ANN001, ANN202
+        out = tmp_path / f"draft-{attempt}{spec.suffix}"
+        return export_heads(heads, out, fmt, base_model=base, base_name=str(folder))
+
+    _, result = _exported(method, base, fmt, write)
+    path = Path(result.directory)
+    assert result.format == fmt and path.is_file() and path.suffix == spec.suffix, result.render()
+    assert result.report.ok, result.report.render()
+    assert spec.check_file(path, None).ok
+    report = check_export(path, fmt)
+    assert report.ok, report.render()
+
+
+def folder_formats(method: HeadType) -> list[str]:
+    return [fmt for fmt, spec in method.export_formats().items() if spec.write is not None]
+
+
+def file_formats(method: HeadType) -> list[str]:
+    return [fmt for fmt, spec in method.export_formats().items() if spec.export is not None]
+
+
+CHECKS = (
+    check_recipe_section_loads,
+    check_declares_its_formats,
+    check_builds_saves_loads_and_decodes,
+    check_trains,
+    check_evaluates,
+    check_prices_a_draft_level,
+)
+
+
+def check_method(method: HeadType, tmp_path: Path) -> None:
+    """Every check of this suite on one method, each in a folder of its own."""
+    for check in CHECKS:
+        check(method, tmp_path / check.__name__)
+    for fmt in folder_formats(method):
+        check_folder_format(method, fmt, tmp_path / f"folder-{fmt}")
+    for fmt in file_formats(method):
+        check_file_format(method, fmt, tmp_path / f"file-{fmt}")
+
+
+def check_registry_formats() -> None:
+    """Format names are unique, and a format several methods write is told apart by a specific detector and at
+    most one fallback."""
     assert len(export_formats()) == len(set(export_formats()))
-    for fmt in export_formats():  # a format two methods write is told apart by a specific detector and a fallback
+    for fmt in export_formats():
         specs = [m.export_formats()[fmt] for m in HEAD_TYPES.values() if fmt in m.formats]
         assert sum(not spec.fallback for spec in specs) >= len(specs) - 1, fmt
+
+
+# ------------------------------------------------------------------------------------- every registered method
+@pytest.mark.parametrize("name", METHODS)
+def test_a_methods_recipe_section_loads(name: str, tmp_path) -> None:
+    check_recipe_section_loads(HEAD_TYPES[name], tmp_path)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_method_builds_saves_loads_and_decodes_losslessly(name: str, tmp_path) -> None:
+    check_builds_saves_loads_and_decodes(HEAD_TYPES[name], tmp_path)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_method_trains_through_the_trainers_step(name: str, tmp_path) -> None:
+    check_trains(HEAD_TYPES[name], tmp_path)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_method_evaluates_agreement_per_depth(name: str, tmp_path) -> None:
+    check_evaluates(HEAD_TYPES[name], tmp_path)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_method_prices_a_draft_level(name: str, tmp_path) -> None:
+    check_prices_a_draft_level(HEAD_TYPES[name], tmp_path)
+
+
+FOLDER_FORMATS = [(name, fmt) for name in METHODS for fmt in folder_formats(HEAD_TYPES[name])]
+FILE_FORMATS = [(name, fmt) for name in METHODS for fmt in file_formats(HEAD_TYPES[name])]
+
+
+@pytest.mark.parametrize(("name", "fmt"), FOLDER_FORMATS)
+def test_every_folder_format_of_a_method_exports_checks_and_reads_back(name: str, fmt: str, tmp_path) -> None:
+    check_folder_format(HEAD_TYPES[name], fmt, tmp_path)
+
+
+@pytest.mark.parametrize(("name", "fmt"), FILE_FORMATS)
+def test_every_file_format_of_a_method_exports_and_checks(name: str, fmt: str, tmp_path) -> None:
+    check_file_format(HEAD_TYPES[name], fmt, tmp_path)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_listed_format_has_its_spec_and_every_layout_its_method(name: str, tmp_path) -> None:
+    check_declares_its_formats(HEAD_TYPES[name], tmp_path)
+
+
+def test_format_names_are_unique_and_shared_formats_told_apart() -> None:
+    check_registry_formats()
+
+
+# ------------------------------------------------------------------------- a new method: a folder and an entry
+TOY_FOLDER = Path(toy_method.__file__).parent
+TOY = HeadType(
+    name="toy",
+    module=f"{toy_method.__name__}.heads:ToyHeads",
+    recipe=f"{toy_method.__name__}.config:ToyHeadsConfig",
+    build=f"{toy_method.__name__}.train:build_heads",
+    train_step=f"{toy_method.__name__}.train:train_step",
+    evaluate=f"{toy_method.__name__}.train:evaluate",
+    drafter=f"{toy_method.__name__}.drafter:ToyDrafter",
+    bench_trees=("chain-2", "chain-3"),
+    formats=("toy", "toy-file"),
+    layouts=("toy",),
+    exports=f"{toy_method.__name__}.export:FORMATS",
+    draft_cost=f"{toy_method.__name__}.drafter:draft_cost",
+)
+
+
+def test_the_toy_method_uses_only_the_declared_method_api() -> None:
+    for path in sorted(TOY_FOLDER.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] != "specheads" or name == "specheads.methods.api", f"{path.name}: {name}"
+
+
+def test_a_new_method_is_a_folder_and_an_entry(monkeypatch, tmp_path) -> None:
+    """The toy method, registered with one entry, passes every check of this suite."""
+    assert TOY.name not in HEAD_TYPES
+    monkeypatch.setitem(HEAD_TYPES, TOY.name, TOY)
+    assert {"toy", "toy-file"} <= set(export_formats())
+    check_registry_formats()
+    check_method(TOY, tmp_path)
