@@ -1,5 +1,6 @@
 """EAGLE training end to end on a tiny model: it trains and exports, resumes after SIGKILL exactly, runs on two
-processes like on one, and refuses bad recipes before any compute. Modelled on ``test_trainer.py`` (Medusa)."""
+processes like on one, and refuses bad recipes before any compute. Modelled on ``tests/training/test_trainer.py``
+(Medusa)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import tiny_model
-from training_helpers import heads_state, kill_after_checkpoint_and_resume, make_workspace, run_logged, two_processes
+from training_helpers import (
+    heads_state,
+    kill_after_checkpoint_and_resume,
+    make_workspace,
+    rows_cache,  # noqa: F401 - autouse: a private rows cache per test
+    run_logged,
+    two_processes,
+)
 
 from specheads.heads import load_heads
 from specheads.training.config import ConfigError, load_config
 from specheads.training.trainer import train
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
