@@ -44,6 +44,26 @@ def make_workspace(root: Path, layers: int = 2) -> Path:
     return root
 
 
+def medusa_overrides(workspace: Path, out: Path, **extra) -> list[str]:
+    """Recipe overrides of a short Medusa run on ``workspace`` (:func:`make_workspace`) into ``out``; ``extra`` wins."""
+    values = {
+        "model.base": str(workspace / "base"),
+        "data.paths": f"[{workspace / 'data'}]",
+        "data.format": "text",
+        "data.max_length": 32,
+        "heads.num_heads": 2,
+        "train.batch_size": 4,
+        "train.steps": 12,
+        "train.lr": 5e-3,
+        "train.warmup_steps": 2,
+        "output.dir": str(out),
+        "output.save_every": 4,
+        "log.every": 2,
+        **extra,
+    }
+    return [f"{key}={value}" for key, value in values.items()]
+
+
 def heads_state(path: Path) -> dict[str, torch.Tensor]:
     """The state dict of the heads saved at ``path``."""
     return load_heads(path).state_dict()
