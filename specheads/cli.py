@@ -97,7 +97,7 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--base", required=True, help=BASE_HELP)
     _add_drafter(
         parser,
-        heads_help="head checkpoint directory (Medusa or EAGLE; 'default' with --base default: the shipped EAGLE-3)",
+        heads_help="head checkpoint directory (any method's, or an engine layout; 'default': the shipped EAGLE-3)",
         draft_help="draft model sharing the base's tokenizer (method 'draft')",
     )
     parser.add_argument("--method", choices=METHOD_CHOICES, help="drafting method (inferred when omitted)")
@@ -227,7 +227,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
         "--heads",
         action="append",
         default=[],
-        help="head checkpoint dir, Medusa or EAGLE (repeatable; 'default' with --base default: the shipped EAGLE-3)",
+        help="head checkpoint dir of any method (repeatable; 'default' with --base default: the shipped EAGLE-3)",
     )
     parser.add_argument(
         "--trees",
@@ -412,7 +412,7 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_drafter(
         parser,
-        heads_help="speculate with these heads (Medusa or EAGLE checkpoint dir; 'default' with --base default: the "
+        heads_help="speculate with these heads (a checkpoint dir of any method; 'default' with --base default: the "
         "shipped EAGLE-3)",
         draft_help="speculate with this draft model (sharing the base's tokenizer)",
     )
