@@ -149,3 +149,16 @@ def kill_after_checkpoint_and_resume(command: list[str], out: Path, logs: Path, 
             process.wait()
     assert not (out / "heads").exists(), "the run finished before it could be killed; make it longer"
     return run_logged(command, logs / "resumed.log")
+
+
+LOSS_VOCAB = 20  # the vocabulary of the hand-checked loss tests
+LOSS_TOKENS = torch.tensor([[10, 11, 12, 13, 14, 15]])  # [1, 6]
+
+
+def one_hot_logits(targets_by_position: list[int | None], length: int = 6) -> torch.Tensor:
+    """``[1, length, LOSS_VOCAB]`` logits certain of each position's token (None: of none in particular)."""
+    logits = torch.full((1, length, LOSS_VOCAB), -10.0)
+    for position, token in enumerate(targets_by_position):
+        if token is not None:
+            logits[0, position, token] = 10.0
+    return logits

@@ -6,23 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from training_helpers import LOSS_TOKENS, LOSS_VOCAB, one_hot_logits
 
 from specheads.training.losses import TeacherLogits, distillation_loss, linear_cross_entropy, lm_loss
 
-VOCAB = 20
-TOKENS = torch.tensor([[10, 11, 12, 13, 14, 15]])  # [1, 6]
-
-
-def _one_hot_logits(targets_by_position: list[int | None], length: int = 6) -> torch.Tensor:
-    logits = torch.full((1, length, VOCAB), -10.0)
-    for position, token in enumerate(targets_by_position):
-        if token is not None:
-            logits[0, position, token] = 10.0
-    return logits
+VOCAB, TOKENS = LOSS_VOCAB, LOSS_TOKENS
 
 
 def test_lm_loss_is_next_token() -> None:
-    logits = _one_hot_logits([11, 12, 13, 14, 15, None])
+    logits = one_hot_logits([11, 12, 13, 14, 15, None])
     assert lm_loss(logits, TOKENS, torch.ones_like(TOKENS)) < 1e-6
 
 

@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from training_helpers import LOSS_TOKENS, LOSS_VOCAB, one_hot_logits
 
 from specheads.methods.medusa.losses import head_targets, medusa2_head_weights, medusa_head_loss, medusa_loss
 
-VOCAB = 20
-TOKENS = torch.tensor([[10, 11, 12, 13, 14, 15]])  # [1, 6]
-
-
-def _one_hot_logits(targets_by_position: list[int | None], length: int = 6) -> torch.Tensor:
-    logits = torch.full((1, length, VOCAB), -10.0)
-    for position, token in enumerate(targets_by_position):
-        if token is not None:
-            logits[0, position, token] = 10.0
-    return logits
+VOCAB, TOKENS = LOSS_VOCAB, LOSS_TOKENS
 
 
 def _grads(loss: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -35,8 +27,8 @@ def test_head_targets_by_hand() -> None:
 
 
 def test_a_head_that_predicts_t_plus_2_plus_k_has_zero_loss() -> None:
-    head0 = _one_hot_logits([12, 13, 14, 15, None, None])
-    head1 = _one_hot_logits([13, 14, 15, None, None, None])
+    head0 = one_hot_logits([12, 13, 14, 15, None, None])
+    head1 = one_hot_logits([13, 14, 15, None, None, None])
     result = medusa_loss(torch.stack([head0, head1]), TOKENS, torch.ones_like(TOKENS))
     assert torch.allclose(result.loss, torch.zeros(2), atol=1e-6)
     assert result.top1.tolist() == [1.0, 1.0]
@@ -44,7 +36,7 @@ def test_a_head_that_predicts_t_plus_2_plus_k_has_zero_loss() -> None:
 
 
 def test_off_by_one_alignment_is_punished() -> None:
-    head0 = _one_hot_logits([11, 12, 13, 14, 15, None])  # predicts t + 1: what the base does, not head 0
+    head0 = one_hot_logits([11, 12, 13, 14, 15, None])  # predicts t + 1: what the base does, not head 0
     result = medusa_loss(head0[None], TOKENS, torch.ones_like(TOKENS))
     assert result.loss[0] > 10
     assert result.top1[0] == 0.0
@@ -53,7 +45,7 @@ def test_off_by_one_alignment_is_punished() -> None:
 def test_masked_targets_do_not_count() -> None:
     mask = torch.ones_like(TOKENS)
     mask[0, 3] = 0  # token 13 is not a target (e.g. a user token)
-    wrong_only_there = _one_hot_logits([12, 0, 14, 15, None, None])  # position 1 predicts token 3 wrongly
+    wrong_only_there = one_hot_logits([12, 0, 14, 15, None, None])  # position 1 predicts token 3 wrongly
     result = medusa_loss(wrong_only_there[None], TOKENS, mask)
     assert result.count.tolist() == [3.0]
     assert result.loss[0] < 1e-6
