@@ -6,6 +6,10 @@ turn: a prompt asked twice (the same turn under two ids, or an earlier run over 
 enter training twice, with answers that may differ between batches. Unreadable lines (a process killed mid-write)
 are skipped and counted.
 
+With ``--grow`` an existing ``--out`` keeps every record in its place and only records it does not hold are appended,
+so the training file only ever grows at its end: the feature cache grows with it (its first rows stay valid) and a
+run on ``data.limit`` records trains on the same records before and after the file grew.
+
     python scripts/join_distilled.py data/smollm2-135m/distilled-bf16.jsonl data/smollm2-135m/distilled-bf16-b.jsonl \
         data/smollm2-135m/distilled-bf16-c.jsonl --out data/smollm2-135m/distilled.jsonl
 """
@@ -35,9 +39,15 @@ def first_user_turn(record: dict) -> str:
     return ""
 
 
-def join(paths: list[Path], out: Path) -> Counter:
-    """Write the kept records of ``paths`` to ``out`` (atomically) and return the counts of kept and dropped."""
+def join(paths: list[Path], out: Path, grow: bool = False) -> Counter:
+    """Write the kept records of ``paths`` to ``out`` (atomically) and return the counts of kept and dropped.
+
+    With ``grow`` an existing ``out`` is read first and kept whole, in its order ("already in out"); the records of
+    ``paths`` it does not hold follow it.
+    """
     counts: Counter = Counter()
+    if grow and out.exists():
+        paths = [out, *paths]
     ids: set[str] = set()
     turns: set[str] = set()
     temporary = out.with_name(f".{out.name}.tmp")
@@ -60,7 +70,7 @@ def join(paths: list[Path], out: Path) -> Counter:
                     ids.add(record.get("id"))
                     turns.add(turn)
                     handle.write(line if line.endswith("\n") else line + "\n")
-                    counts["kept"] += 1
+                    counts["already in out" if grow and path == out else "kept"] += 1
     os.replace(temporary, out)
     return counts
 
@@ -69,8 +79,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path, help="distill outputs, in order (the first record wins)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--grow", action="store_true", help="keep an existing --out as it is and append only the records it lacks"
+    )
     args = parser.parse_args()
-    counts = join(args.paths, args.out)
+    if args.grow and args.out.resolve() in {path.resolve() for path in args.paths}:
+        parser.error("--grow reads --out itself; do not also list it among the inputs")
+    counts = join(args.paths, args.out, grow=args.grow)
     print(f"{args.out}: " + ", ".join(f"{key} {value}" for key, value in counts.most_common()))
 
 
