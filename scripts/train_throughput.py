@@ -10,7 +10,9 @@ variants (``--variants``, comma-separated):
 - ``float32``: float32, length-grouped batches;
 - ``bf16``: the base in bf16 and the heads under bf16 autocast (fp32 master weights), length-grouped;
 - ``bf16-cache``: as ``bf16``, the base's features read from a feature cache written first (its writing is timed
-  apart: it is the base forward of one epoch, paid once for every later epoch, run and head type).
+  apart: it is the base forward of one epoch, paid once for every later epoch, run and head type);
+- ``float32-cache``: as ``float32``, from a cache of the float32 base's features (the route of a CPU without bf16
+  units, where bf16 arithmetic is emulated and slower than float32).
 
 tokens/s counts real (unpadded) tokens over the wall time of the training loop alone (data building, model loading,
 evaluation and export excluded). Writes ``throughput.json`` and a markdown table.
@@ -34,11 +36,12 @@ VARIANTS = {
     "float32": ["model.dtype=float32", "train.mixed_precision=no", "data.group_by_length=true"],
     "bf16": ["model.dtype=bfloat16", "train.mixed_precision=bf16", "data.group_by_length=true"],
     "bf16-cache": ["model.dtype=bfloat16", "train.mixed_precision=bf16", "data.group_by_length=true"],
+    "float32-cache": ["model.dtype=float32", "train.mixed_precision=no", "data.group_by_length=true"],
 }
+CACHED = {"bf16-cache": "features-bf16", "float32-cache": "features-float32"}
 
 
 def run_variant(args: argparse.Namespace, name: str, out: Path) -> dict:
-    cache = out / "features-bf16"
     overrides = [
         *VARIANTS[name],
         f"data.limit={args.records}",
@@ -50,7 +53,7 @@ def run_variant(args: argparse.Namespace, name: str, out: Path) -> dict:
         "train.resume=never",
         "train.overwrite=true",
         "log.tracker=none",
-        f"data.feature_cache={cache if name == 'bf16-cache' else 'null'}",
+        f"data.feature_cache={out / CACHED[name] if name in CACHED else 'null'}",
         *args.overrides,
     ]
     config = load_config(args.config, overrides)
@@ -93,8 +96,8 @@ def main() -> None:
     for name in args.variants.split(","):
         if name not in VARIANTS:
             parser.error(f"unknown variant {name!r}; choose from {sorted(VARIANTS)}")
-        if name == "bf16-cache":  # the cache is written by a setup of its own, timed apart
-            shutil.rmtree(out / "features-bf16", ignore_errors=True)
+        if name in CACHED:  # the cache is written by a setup of its own, timed apart
+            shutil.rmtree(out / CACHED[name], ignore_errors=True)
         results.append(run_variant(args, name, out))
         print(json.dumps(results[-1]), flush=True)
     base = results[0]["tokens_per_s"]
