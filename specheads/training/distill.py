@@ -394,6 +394,21 @@ def _record(prompt: Prompt, model_input: _ModelInput, response: str, provenance:
     return record
 
 
+def build_record(
+    prompt: Prompt,
+    tokenizer: PreTrainedTokenizerBase,
+    response: str,
+    provenance: Mapping[str, Any],
+    use_chat_template: bool = True,
+) -> dict:
+    """The record ``distill`` (and ``distill --server``) writes for ``prompt`` answered with ``response``.
+
+    A saved response and its provenance become a training record again (``scripts/distilled_shards.py``), with the
+    prompt rendered as distill renders it.
+    """
+    return _record(prompt, _model_input(prompt, tokenizer, use_chat_template), response, provenance)
+
+
 def provenance(base_model: PreTrainedModel, decoder: SpecDecoder | None, params: SamplingParams, seed: int) -> dict:
     """What wrote a record: the engine (transformers' ``generate`` or specheads' engine and its drafter), the
     base's dtype and device, the sampling settings and the seed (sampled records are seeded from it and their id)."""

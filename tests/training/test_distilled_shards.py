@@ -1,0 +1,59 @@
+"""scripts/distilled_shards.py: a distillation's answers kept as compressed shards rebuild the same training file."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import lzma
+from pathlib import Path
+
+import pytest
+from chat_helpers import chat_tokenizer
+from helpers import tiny_model
+
+from specheads.prompts import load_prompts
+from specheads.training.distill import distill
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "distilled_shards.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("distilled_shards", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pack_then_unpack_gives_the_distill_file_back_byte_for_byte(tmp_path) -> None:
+    script = load_script()
+    tokenizer = chat_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "base")
+    chats = [[{"from": "human", "value": f"question {i} " * (i + 1)}] for i in range(7)]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "conversations": c}) + "\n" for i, c in enumerate(chats)))
+    distilled = tmp_path / "distilled.jsonl"
+    loaded = load_prompts(prompts, tokenizer=tokenizer)
+    distill(tiny_model("llama", seed=1), tokenizer, loaded[::-1], distilled, max_new_tokens=6, progress=False)
+
+    assert script.pack(distilled, tmp_path / "shards", shard_size=3) == (7, 3)
+    saved = [lzma.decompress(path.read_bytes()).decode() for path in sorted((tmp_path / "shards").iterdir())]
+    assert [len(shard.splitlines()) for shard in saved] == [3, 3, 1]
+    assert not any("question" in shard for shard in saved)  # the answers alone, no prompt text
+    assert script.unpack(tmp_path / "shards", [prompts], str(tmp_path / "base"), tmp_path / "rebuilt.jsonl") == 7
+    assert (tmp_path / "rebuilt.jsonl").read_bytes() == distilled.read_bytes()
+    assert script.pack(distilled, tmp_path / "shards", shard_size=3) == (7, 0)  # unchanged shards stay as they are
+
+    with distilled.open("a") as handle:  # the file grew at its end: only the last shard changes
+        handle.write(json.dumps({"id": "q9", "response": "r", "provenance": {}}) + "\n")
+    assert script.pack(distilled, tmp_path / "shards", shard_size=3) == (8, 1)
+
+
+def test_unpack_names_answers_without_a_prompt(tmp_path) -> None:
+    script = load_script()
+    chat_tokenizer().save_pretrained(tmp_path / "base")
+    (tmp_path / "distilled.jsonl").write_text(json.dumps({"id": "gone", "response": "r", "provenance": {}}) + "\n")
+    script.pack(tmp_path / "distilled.jsonl", tmp_path / "shards", shard_size=10)
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"id": "other", "prompt": "x"}) + "\n")
+    with pytest.raises(SystemExit, match="1 saved answers have no prompt.*'gone'"):
+        script.unpack(tmp_path / "shards", [tmp_path / "prompts.jsonl"], str(tmp_path / "base"), tmp_path / "o.jsonl")
+    assert not (tmp_path / "o.jsonl").exists()
