@@ -79,7 +79,7 @@ class ProjectedLoss:
     """What :func:`linear_cross_entropy` returns."""
 
     loss: torch.Tensor  # fp32 scalar: sum over rows of row_weight * row loss (by default the mean)
-    row_losses: torch.Tensor  # [M] each scored row's cross-entropy (KL with kl=True), detached
+    row_losses: torch.Tensor  # [M] each scored row's cross-entropy (KL with kl=True; + tv_weight * TV), detached
     top: torch.Tensor | None  # [M, top_k] each row's highest-logit ids, or None
 
 
@@ -93,6 +93,7 @@ class _Scoring:
     top_k: int
     kl: bool
     chunk: int
+    tv_weight: float = 0.0
 
 
 def linear_cross_entropy(
@@ -105,6 +106,7 @@ def linear_cross_entropy(
     top_k: int = 0,
     kl: bool = False,
     chunk_rows: int | None = None,
+    tv_weight: float = 0.0,
 ) -> ProjectedLoss:
     """Cross-entropy of ``F.linear(inputs[rows], weight, bias)`` against ``targets``, a chunk of rows at a time.
 
@@ -125,6 +127,9 @@ def linear_cross_entropy(
         top_k: also return each scored row's ``top_k`` highest-logit ids (accuracy metrics; 0: none).
         kl: soft targets: ``KL(p || q)`` instead of the cross-entropy (lower by the targets' entropy; same gradients).
         chunk_rows: rows per chunk (default: about :data:`CHUNK_ELEMENTS` logits per chunk).
+        tv_weight: soft targets: add ``tv_weight * TV(p, q)`` to each row's loss, the total variation
+            ``0.5 * sum |p - q|``: one minus the rate at which rejection sampling accepts a token drafted from ``q``
+            for a target ``p``, the quantity drafting wants small (cross-entropy bounds it only loosely).
 
     Returns:
         :class:`ProjectedLoss`; with no row the loss is 0, still connected to the graph.
@@ -138,7 +143,10 @@ def linear_cross_entropy(
         return ProjectedLoss(zero.float(), torch.zeros(0, device=device), top)
     if row_weights is None:
         row_weights = torch.full((count,), 1.0 / count, device=device)
-    scoring = _Scoring(targets, rows, row_weights.float(), top_k, kl, chunk_rows or max(1, CHUNK_ELEMENTS // vocab))
+    if tv_weight and not isinstance(targets, TeacherLogits):
+        raise ValueError("tv_weight needs soft targets (TeacherLogits): against one id it is 1 - q(id)")
+    chunk = chunk_rows or max(1, CHUNK_ELEMENTS // vocab)
+    scoring = _Scoring(targets, rows, row_weights.float(), top_k, kl, chunk, float(tv_weight))
     loss, row_losses, top = _LinearCrossEntropy.apply(inputs, weight, bias, scoring)
     return ProjectedLoss(loss, row_losses, top if top_k else None)
 
@@ -205,7 +213,14 @@ def _score_chunks(
             row_losses[start:end] = -(wanted * log_probs).sum(dim=-1)
             if scoring.kl:
                 row_losses[start:end] += torch.xlogy(wanted, wanted).sum(dim=-1)
-            gradient = log_probs.exp_().sub_(wanted)  # d row loss / d logits: softmax - p
+            probs = log_probs.exp_()
+            if scoring.tv_weight:  # d TV / d logits = q * (g - <g, q>), g = 0.5 * sign(q - p)
+                half_sign = (probs - wanted).sign_().mul_(0.5)
+                row_losses[start:end] += scoring.tv_weight * (probs - wanted).abs_().sum(dim=-1).mul_(0.5)
+                tv_gradient = probs * (half_sign - (half_sign * probs).sum(dim=-1, keepdim=True))
+            gradient = probs.sub_(wanted)  # d row loss / d logits: softmax - p
+            if scoring.tv_weight:
+                gradient.add_(tv_gradient, alpha=scoring.tv_weight)
         else:
             wanted = targets[start:end]
             row_losses[start:end] = -log_probs.gather(1, wanted[:, None])[:, 0]

@@ -79,6 +79,28 @@ def test_soft_targets_are_the_teachers_rows_renormalised_onto_the_columns(column
         torch.testing.assert_close(probabilities, full / full.sum(dim=-1, keepdim=True))
 
 
+def test_the_total_variation_term_adds_one_minus_the_acceptance_rate_with_its_gradient() -> None:
+    inputs, weight, bias, generator = _projection_case(4)
+    teacher = torch.randn(13, 11, generator=generator, dtype=torch.float64)
+    weights = torch.rand(13, generator=generator, dtype=torch.float64)
+    scored = linear_cross_entropy(
+        inputs, weight, TeacherLogits(teacher), bias=bias, row_weights=weights, chunk_rows=4, tv_weight=0.7
+    )
+    p = teacher.float().softmax(dim=-1)
+    q = F.linear(inputs, weight, bias).float().softmax(dim=-1)
+    acceptance = torch.minimum(p, q).sum(dim=-1)  # what rejection sampling accepts of a token drafted from q
+    per_row = -(p * q.log()).sum(dim=-1) + 0.7 * (1 - acceptance)
+    reference = (weights.float() * per_row).sum()
+    torch.testing.assert_close(scored.row_losses, per_row.detach())
+    torch.testing.assert_close(scored.loss, reference)
+    for got, expected in zip(
+        _grads(scored.loss, inputs, weight, bias), _grads(reference, inputs, weight, bias), strict=True
+    ):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="tv_weight needs soft targets"):
+        linear_cross_entropy(inputs, weight, torch.zeros(13, dtype=torch.long), tv_weight=0.5)
+
+
 def test_logits_without_a_projection_row_weights_and_kl() -> None:
     logits = torch.randn(2, 5, VOCAB, generator=torch.Generator().manual_seed(2)).requires_grad_()
     teacher = torch.randn(2, 5, VOCAB, generator=torch.Generator().manual_seed(3))

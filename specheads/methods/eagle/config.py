@@ -30,6 +30,8 @@ class EagleHeadsConfig:
     feature_loss_weight: float = 1.0  # EAGLE-1: SmoothL1 on the predicted feature
     ce_loss_weight: float = 0.1  # EAGLE-1: cross-entropy through the frozen lm_head
     feature_noise: float = 0.2  # EAGLE-1: uniform noise of this width on the input features
+    # EAGLE-3, self targets: add this much of TV(base, draft) = 1 - the draft's acceptance rate to every step's loss
+    tv_loss_weight: float = 0.0
 
     def validate(self) -> None:
         if self.version not in (1, 3):
@@ -44,5 +46,10 @@ class EagleHeadsConfig:
             raise ConfigError(f"heads.layer_ids names 3 base layers (low, middle, high), got {self.layer_ids}")
         if self.ttt_steps < 1:
             raise ConfigError(f"heads.ttt_steps must be >= 1, got {self.ttt_steps}")
+        if self.tv_loss_weight < 0 or (self.tv_loss_weight and (self.version != 3 or self.targets != "self")):
+            raise ConfigError(
+                f"heads.tv_loss_weight is {self.tv_loss_weight}: it must be >= 0, and it needs version 3 with self "
+                "targets (the base's distribution)"
+            )
         if self.feature_noise < 0:
             raise ConfigError(f"heads.feature_noise must be >= 0, got {self.feature_noise}")

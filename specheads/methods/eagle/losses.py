@@ -97,6 +97,7 @@ def eagle_loss(
     corpus: bool = False,
     vocab_size: int | None = None,
     top_k: int = 0,
+    tv_weight: float = 0.0,
 ) -> UnrolledLosses:
     """``sum_i step_weights[i] * CE_i`` of the unrolled draft steps, all projected in one chunked call.
 
@@ -115,6 +116,8 @@ def eagle_loss(
         input_ids, loss_mask: ``[B, T]``.
         draft_ids, corpus, vocab_size: as for :func:`eagle_targets`.
         top_k: also return the draft's top ids (draft vocabulary) at the counted positions.
+        tv_weight: add this much of the total variation between the base's and the draft's distributions to each
+            position's cross-entropy (an acceptance-targeted term; soft targets only).
 
     Returns:
         :class:`UnrolledLosses`; a step with no counted position adds 0.
@@ -141,7 +144,7 @@ def eagle_loss(
         wanted = TeacherLogits(base_logits.reshape(-1, base_logits.shape[-1]), wanted, columns)
     inputs = torch.cat([step.reshape(-1, step.shape[-1]) for step in step_inputs])  # [S * B * (T - 1), D]
     weights = torch.cat(row_weights).to(inputs.device)
-    scored = linear_cross_entropy(inputs, weight, wanted, rows, bias, weights, top_k)
+    scored = linear_cross_entropy(inputs, weight, wanted, rows, bias, weights, top_k, tv_weight=tv_weight)
     sizes = [r.numel() for r in student_rows]
     step_losses = [part.mean() if part.numel() else part.sum() for part in scored.row_losses.split(sizes)]
     tops = list(scored.top.split(sizes)) if top_k else None

@@ -96,7 +96,7 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
             return None
         targets = (teacher, input_ids, loss_mask, draft_ids, corpus, head.config.vocab_size)
         top_k = 1 if context.log_metrics else 0  # the agreement metric reads the draft's top-1
-        return eagle_loss(kept, weight, bias, step_weights, *targets, top_k=top_k)
+        return eagle_loss(kept, weight, bias, step_weights, *targets, top_k=top_k, tv_weight=section.tv_loss_weight)
 
     noise = section.feature_noise if head.config.version == 1 else 0.0
     hiddens, results = context.heads(input_ids, features, batch["attention_mask"], steps, noise, readout)
