@@ -34,11 +34,15 @@ class FakeServer:
     """``/v1/models`` and ``/v1/completions`` with scripted failures, on 127.0.0.1 and a free port.
 
     ``failures``: a list of actions consumed one per completion request: ``"500"`` (an HTTP 500), ``"drop"`` (the
-    connection closed without an answer), ``"400"`` (a bad request) or ``None`` (answer normally).
+    connection closed without an answer), ``"400"`` (a bad request) or ``None`` (answer normally). ``gather``: the
+    first requests wait (5 s at most) until this many are in flight at once, so that a client's concurrency shows
+    whatever the machine's load.
     """
 
-    def __init__(self, vocab: int | None, models: tuple[str, ...] = ("tiny",), latency: float = 0.0) -> None:
-        self.vocab, self.models, self.latency = vocab, models, latency
+    def __init__(
+        self, vocab: int | None, models: tuple[str, ...] = ("tiny",), latency: float = 0.0, gather: int = 0
+    ) -> None:
+        self.vocab, self.models, self.latency, self.gather = vocab, models, latency, gather
         self.failures: list[str | None] = []
         self.requests: list[list[int]] = []
         self.in_flight = self.max_in_flight = 0
@@ -71,6 +75,9 @@ class FakeServer:
                     action = server.failures.pop(0) if server.failures else None
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                deadline = time.monotonic() + 5.0
+                while server.max_in_flight < server.gather and time.monotonic() < deadline:
+                    time.sleep(0.005)
                 try:
                     time.sleep(server.latency)
                     if action == "drop":
@@ -147,7 +154,7 @@ def _no_sleep(monkeypatch) -> None:
 
 def test_records_in_input_order_with_the_local_fields(tokenizer, prompts, tmp_path) -> None:
     _, items = prompts
-    with FakeServer(vocab=len(tokenizer), latency=0.02) as server:
+    with FakeServer(vocab=len(tokenizer), gather=4) as server:
         result = distill_server(server.url, tokenizer, items, tmp_path / "out.jsonl", max_new_tokens=8, concurrency=4,
                                 progress=False)  # fmt: skip
         assert server.max_in_flight == 4  # bounded, and used
