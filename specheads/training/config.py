@@ -6,6 +6,7 @@ Unknown keys are errors (with the known keys listed), so a typo never silently t
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -195,6 +196,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for override in overrides:
         _apply_override(data, override)
     config = _build(RecipeConfig, data, "")
+    config.validate()
+    return config
+
+
+def config_from_dict(data: dict[str, Any]) -> RecipeConfig:
+    """A recipe from its ``to_dict()`` form (a run's ``run_config.json``); settings it lacks take their defaults."""
+    config = _build(RecipeConfig, json.loads(json.dumps(data)), "")
     config.validate()
     return config
 

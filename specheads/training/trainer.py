@@ -22,6 +22,7 @@ step always checkpoints, and so does a run stopped by SIGINT (Ctrl-C) or SIGTERM
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -46,7 +47,7 @@ from transformers import get_scheduler
 from specheads.heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, atomic_write
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.registry import HEAD_TYPES, HeadType
-from specheads.training.config import ConfigError, DataConfig, RecipeConfig
+from specheads.training.config import ConfigError, DataConfig, RecipeConfig, config_from_dict
 from specheads.training.data import build_dataset
 from specheads.training.evaluate import heldout_lm_loss, simulated_tau
 from specheads.training.features import CachedFeatures, collate_padded, rows_fingerprint, write_feature_cache
@@ -718,7 +719,13 @@ def _check_not_past(output: Path, steps: int) -> None:
 
 
 def _run_identity(config: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a recipe that define a run: not its length, how often it logs or saves, or whether it resumes."""
+    """The parts of a recipe that define a run: not its length, how often it logs or saves, or whether it resumes.
+
+    A recorded recipe is read back through the config classes first, so a setting added since it was recorded counts
+    at its default (which keeps the old behaviour) rather than making the run another one.
+    """
+    with contextlib.suppress(ConfigError, TypeError, ValueError):  # settings since removed: compared as recorded
+        config = config_from_dict(config).to_dict()
     identity = json.loads(json.dumps(config))
     for key in ("resume", "overwrite", "max_minutes", *TRAINING_LENGTH):
         identity.get("train", {}).pop(key, None)

@@ -112,6 +112,21 @@ def test_raising_train_steps_continues_a_finished_run(workspace, tmp_path, capsy
         train(load_config(None, _overrides(workspace, tmp_path / "run", **{"train.steps": 6})))
 
 
+def test_a_run_recorded_before_a_setting_existed_still_continues(workspace, tmp_path, capsys) -> None:
+    train(load_config(None, _overrides(workspace, tmp_path / "run", **{"train.steps": 4, "output.save_every": 100})))
+    recorded = tmp_path / "run" / "run_config.json"
+    older = json.loads(recorded.read_text())
+    del older["data"]["group_by_length"]  # as written by a version without the setting: read at its default
+    recorded.write_text(json.dumps(older))
+    capsys.readouterr()
+    train(load_config(None, _overrides(workspace, tmp_path / "run", **{"train.steps": 6, "output.save_every": 100})))
+    assert "resumed from" in capsys.readouterr().out
+    older["data"]["packing"] = not older["data"]["packing"]  # a recorded setting that differs is another run
+    recorded.write_text(json.dumps(older))
+    with pytest.raises(ConfigError, match="holds a different run"):
+        train(load_config(None, _overrides(workspace, tmp_path / "run", **{"train.steps": 8})))
+
+
 @pytest.mark.parametrize("tracker", ["tensorboard", "wandb"])
 def test_a_tracker_whose_package_is_missing_is_refused_before_training(
     workspace, tmp_path, monkeypatch, tracker: str
