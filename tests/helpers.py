@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -258,3 +263,14 @@ def train_medusa_heads(base: PreTrainedModel, sequences: torch.Tensor, steps: in
         loss.backward()
         optimizer.step()
     return heads.eval()
+
+
+def load_script(name: str) -> ModuleType:
+    """The module of ``scripts/<name>.py`` (the scripts are not a package), registered under ``name`` while it runs
+    so that dataclasses can look their module up."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -3,27 +3,19 @@ cases and against the engine itself (the tiny model pair only; the default-model
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from helpers import load_script
 
 from specheads import SpecDecoder
 from specheads.inference.drafters import DraftModelDrafter
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_claims.py"
 TEMPERATURE = 0.8
 
 
 @pytest.fixture(scope="module")
 def claims():  # noqa: ANN201 - the script module
-    spec = importlib.util.spec_from_file_location("bench_claims", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_claims"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_claims")
 
 
 @pytest.fixture(scope="module")

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import lzma
-from pathlib import Path
 
 import pytest
 from chat_helpers import chat_tokenizer
-from helpers import tiny_model
+from helpers import load_script, tiny_model
 
 from specheads.prompts import load_prompts
 from specheads.training.distill import distill
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "distilled_shards.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("distilled_shards", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_pack_then_unpack_gives_the_distill_file_back_byte_for_byte(tmp_path) -> None:
-    script = load_script()
+    script = load_script("distilled_shards")
     tokenizer = chat_tokenizer()
     tokenizer.save_pretrained(tmp_path / "base")
     chats = [[{"from": "human", "value": f"question {i} " * (i + 1)}] for i in range(7)]
@@ -49,7 +38,7 @@ def test_pack_then_unpack_gives_the_distill_file_back_byte_for_byte(tmp_path) ->
 
 
 def test_unpack_names_answers_without_a_prompt(tmp_path) -> None:
-    script = load_script()
+    script = load_script("distilled_shards")
     chat_tokenizer().save_pretrained(tmp_path / "base")
     (tmp_path / "distilled.jsonl").write_text(json.dumps({"id": "gone", "response": "r", "provenance": {}}) + "\n")
     script.pack(tmp_path / "distilled.jsonl", tmp_path / "shards", shard_size=10)

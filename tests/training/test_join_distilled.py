@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "join_distilled.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("join_distilled", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script
 
 
 def record(identifier: str, question: str) -> str:
@@ -26,7 +18,7 @@ def ids(path: Path) -> list[str]:
 
 
 def test_join_keeps_the_first_of_each_id_and_first_turn_and_skips_torn_lines(tmp_path) -> None:
-    join = load_script().join
+    join = load_script("join_distilled").join
     (tmp_path / "a.jsonl").write_text(
         "\n".join([record("a0", "Hi"), record("a1", "Why?"), '{"id": "a2", "conv']) + "\n"
     )
@@ -37,7 +29,7 @@ def test_join_keeps_the_first_of_each_id_and_first_turn_and_skips_torn_lines(tmp
 
 
 def test_grow_keeps_the_existing_file_in_place_and_appends_only_new_records(tmp_path) -> None:
-    join = load_script().join
+    join = load_script("join_distilled").join
     a, b, out = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "out.jsonl"
     a.write_text(record("a0", "one") + "\n")
     b.write_text(record("b0", "two") + "\n")

@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-from helpers import tiny_model, tiny_tokenizer
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "learning_curve.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("learning_curve", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script, tiny_model, tiny_tokenizer
 
 
 def test_the_curve_trains_each_point_evaluates_each_epoch_and_resumes(tmp_path, capsys) -> None:
@@ -29,7 +18,7 @@ def test_the_curve_trains_each_point_evaluates_each_epoch_and_resumes(tmp_path, 
         "heads.type=medusa", "heads.num_heads=2", "train.batch_size=4", "train.lr=0.01", "output.save_every=0",
     ]  # fmt: skip
     args = ["--records", "8,24", "--epochs", "2", "--out", str(tmp_path / "curve"), *overrides]
-    points = load_script().main(args)
+    points = load_script("learning_curve").main(args)
     assert [(p["records"], p["epoch"]) for p in points] == [(8, 1), (8, 2), (24, 1), (24, 2)]
     assert points[0]["rows"] == 8 and points[2]["rows"] == 24
     assert points[2]["unique_tokens"] > 2 * points[0]["unique_tokens"]
@@ -40,5 +29,5 @@ def test_the_curve_trains_each_point_evaluates_each_epoch_and_resumes(tmp_path, 
     assert (curve / "curve.md").read_text().count("\n") == 2 + len(points)
     # A second run reads the finished points instead of training them again.
     before = (curve / "records-8" / "heads" / "model.safetensors").stat().st_mtime_ns
-    assert load_script().main(args) == points
+    assert load_script("learning_curve").main(args) == points
     assert (curve / "records-8" / "heads" / "model.safetensors").stat().st_mtime_ns == before
