@@ -214,13 +214,13 @@ def _score_chunks(
             if scoring.kl:
                 row_losses[start:end] += torch.xlogy(wanted, wanted).sum(dim=-1)
             probs = log_probs.exp_()
-            if scoring.tv_weight:  # d TV / d logits = q * (g - <g, q>), g = 0.5 * sign(q - p)
-                half_sign = (probs - wanted).sign_().mul_(0.5)
-                row_losses[start:end] += scoring.tv_weight * (probs - wanted).abs_().sum(dim=-1).mul_(0.5)
-                tv_gradient = probs * (half_sign - (half_sign * probs).sum(dim=-1, keepdim=True))
-            gradient = probs.sub_(wanted)  # d row loss / d logits: softmax - p
-            if scoring.tv_weight:
-                gradient.add_(tv_gradient, alpha=scoring.tv_weight)
+            # d row loss / d logits: softmax - p (in place unless the TV term still needs the softmax)
+            gradient = probs - wanted if scoring.tv_weight else probs.sub_(wanted)
+            if scoring.tv_weight:  # TV = 0.5 * sum |q - p|; d TV / d logits = q * (g - <g, q>), g = 0.5 * sign(q - p)
+                row_losses[start:end] += scoring.tv_weight * 0.5 * gradient.abs().sum(dim=-1)
+                half_sign = gradient.sign().mul_(0.5)
+                half_sign.sub_((half_sign * probs).sum(dim=-1, keepdim=True)).mul_(probs)
+                gradient.add_(half_sign, alpha=scoring.tv_weight)
         else:
             wanted = targets[start:end]
             row_losses[start:end] = -log_probs.gather(1, wanted[:, None])[:, 0]
