@@ -10,6 +10,12 @@ command again after any stop and finished points are read, not retrained. Writes
 evaluation), ``curve.md`` (the table) and ``curve.png`` (depth-1 agreement and simulated tau against unique
 tokens, one line per epoch).
 
+``--one-pass RUN`` (repeatable) adds the evaluations of a finished or running one-epoch run (``train.epochs=1`` with
+``log.eval_every``) as a line of its own: up to each evaluation every training token was new, so its tokens seen are
+its unique tokens. Those points come from one learning-rate schedule, read mid-way: they show what more unique data
+gives within one pass, not what a shorter run that finished its schedule would reach. With ``--one-pass`` alone
+(``--records`` omitted) nothing is trained.
+
 Unique tokens are the real tokens of the training rows (prompt and answer, after truncation to ``data.max_length``);
 tokens seen are unique tokens times epochs.
 """
@@ -84,6 +90,33 @@ def run_point(args: argparse.Namespace, records: int) -> list[dict[str, Any]]:
     ]
 
 
+def one_pass_points(run: Path) -> list[dict[str, Any]]:
+    """The evaluations of a one-epoch run, each a point whose unique tokens are the tokens it had seen."""
+    evaluations = {}
+    for line in (run / EVALS).read_text().splitlines():
+        record = json.loads(line)
+        evaluations[record["step"]] = record
+    return [
+        {
+            "records": None,
+            "series": f"one pass ({run.name})",
+            "rows": None,
+            "unique_tokens": record["tokens_seen"],
+            "unique_targets": record.get("targets_seen"),
+            "epoch": 1,
+            "step": record["step"],
+            "tokens_seen": record["tokens_seen"],
+            "agreement": record["agreement_with_base_greedy"],
+            "simulated_tau": record["simulated_tau"],
+        }
+        for record in sorted(evaluations.values(), key=lambda r: r["step"])
+    ]
+
+
+def series(point: dict[str, Any]) -> str:
+    return point.get("series") or f"epoch {round(point['epoch'])}"
+
+
 def table(points: list[dict[str, Any]]) -> str:
     lines = [
         "| records | unique tokens | epoch | tokens seen | agreement by depth 1-5 | chain-3 tau | tree-6 tau "
@@ -94,7 +127,7 @@ def table(points: list[dict[str, Any]]) -> str:
         agreement = " ".join(f"{a:.3f}" for a in point["agreement"])
         tau = point["simulated_tau"]
         lines.append(
-            f"| {point['records']:,} | {point['unique_tokens'] / 1e6:.2f}M | {point['epoch']:g} | "
+            f"| {point['records'] or series(point)} | {point['unique_tokens'] / 1e6:.2f}M | {point['epoch']:g} | "
             f"{point['tokens_seen'] / 1e6:.2f}M | {agreement} | {tau['chain-3']:.2f} | {tau['tree-6']:.2f} | "
             f"{tau['tree-16']:.2f} |"
         )
@@ -108,18 +141,17 @@ def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    epochs = sorted({round(point["epoch"]) for point in points})
-    for epoch in epochs:
-        chosen = sorted((p for p in points if round(p["epoch"]) == epoch), key=lambda p: p["unique_tokens"])
+    for name in sorted({series(point) for point in points}):
+        chosen = sorted((p for p in points if series(p) == name), key=lambda p: p["unique_tokens"])
         x = [p["unique_tokens"] / 1e6 for p in chosen]
-        left.plot(x, [p["agreement"][0] for p in chosen], marker="o", label=f"epoch {epoch}")
-        right.plot(x, [p["simulated_tau"]["tree-6"] for p in chosen], marker="o", label=f"tree-6, epoch {epoch}")
+        left.plot(x, [p["agreement"][0] for p in chosen], marker="o", label=name)
+        right.plot(x, [p["simulated_tau"]["tree-6"] for p in chosen], marker="o", label=f"tree-6, {name}")
         right.plot(
             x,
             [p["simulated_tau"]["chain-3"] for p in chosen],
             marker="x",
             linestyle="--",
-            label=f"chain-3, epoch {epoch}",
+            label=f"chain-3, {name}",
         )
     for axis, label in ((left, "held-out depth-1 agreement"), (right, "simulated tau")):
         axis.set_xscale("log")
@@ -136,20 +168,28 @@ def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="the recipe (default: none, the overrides alone)")
-    parser.add_argument("--records", required=True, help="comma-separated record counts, one point each")
+    parser.add_argument("--records", default="", help="comma-separated record counts, one point each")
+    parser.add_argument(
+        "--one-pass", action="append", default=[], metavar="RUN", help="a one-epoch run's evaluations as a line"
+    )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", required=True)
     parser.add_argument("overrides", nargs="*", help="key=value recipe overrides for every point")
     args = parser.parse_args(argv)
+    if not args.records and not args.one_pass:
+        parser.error("give --records, --one-pass or both")
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     points = []
-    for records in (int(value) for value in args.records.split(",")):
+    for records in (int(value) for value in args.records.split(",") if value):
         points += run_point(args, records)
         (out / "curve.json").write_text(json.dumps({"config": args.config, "points": points}, indent=2) + "\n")
+    for run in args.one_pass:
+        points += one_pass_points(Path(run))
+    (out / "curve.json").write_text(json.dumps({"config": args.config, "points": points}, indent=2) + "\n")
     (out / "curve.md").write_text(table(points))
     name = Path(args.config).name if args.config else "recipe"
     plot(points, out / "curve.png", f"{name}: held-out agreement and simulated tau")

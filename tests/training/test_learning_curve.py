@@ -31,3 +31,11 @@ def test_the_curve_trains_each_point_evaluates_each_epoch_and_resumes(tmp_path, 
     before = (curve / "records-8" / "heads" / "model.safetensors").stat().st_mtime_ns
     assert load_script("learning_curve").main(args) == points
     assert (curve / "records-8" / "heads" / "model.safetensors").stat().st_mtime_ns == before
+    # --one-pass reads a run's evaluations as a line of their own (unique tokens = tokens seen), training nothing.
+    passed = load_script("learning_curve").main(["--one-pass", str(curve / "records-24"), "--out", str(tmp_path / "o")])
+    assert [p["unique_tokens"] for p in passed] == [p["tokens_seen"] for p in points[2:]]
+    assert [p["agreement"] for p in passed] == [p["agreement"] for p in points[2:]]
+    assert {p["series"] for p in passed} == {"one pass (records-24)"}
+    assert (tmp_path / "o" / "curve.png").stat().st_size > 10_000
+    assert "one pass (records-24)" in (tmp_path / "o" / "curve.md").read_text()
+    assert (curve / "records-8" / "heads" / "model.safetensors").stat().st_mtime_ns == before
