@@ -2,9 +2,10 @@
 
 Distilling thousands of prompts on a CPU takes hours; the answers are the expensive part, the prompts come from an
 installed package in a minute. ``pack`` stores the answers of a distill (or joined) file in file order, as
-xz-compressed JSONL shards of ``--shard`` records holding ``id``, ``response`` and ``provenance`` alone (no prompt
-text); ``unpack`` rebuilds the same records, in the same order, from the prompts files and the base's tokenizer
-(rendered as ``specheads distill`` renders them), and checks each rebuilt record against nothing but its shard.
+xz-compressed JSONL shards of ``--shard`` records holding ``id``, ``response`` (a multi-turn record's answers to
+every turn as ``responses`` instead) and ``provenance`` alone (no prompt text); ``unpack`` rebuilds the same
+records, in the same order, from the prompts files and the base's tokenizer (rendered as ``specheads distill``
+renders them), and checks each rebuilt record against nothing but its shard.
 
     python scripts/distilled_shards.py pack data/smollm2-135m/distilled.jsonl --out data/smollm2-135m/responses
     python scripts/sharegpt_prompts.py --out data/smollm2-135m/sharegpt_prompts.jsonl
@@ -36,12 +37,15 @@ def read_records(path: Path) -> Iterator[dict]:
                 raise SystemExit(f"{path}:{number}: not a JSON record ({error}); join the files first") from error
 
 
+def saved_answers(record: dict) -> dict:
+    """What a shard keeps of a distill record: its id, its answer (or answers, one per turn) and provenance."""
+    answers = {"responses": record["responses"]} if "responses" in record else {"response": record["response"]}
+    return {"id": record["id"], **answers, "provenance": record.get("provenance", {})}
+
+
 def pack(source: Path, out: Path, shard_size: int) -> tuple[int, int]:
     """Write ``source``'s answers as shards under ``out``; returns (records, shards written)."""
-    saved = (
-        {"id": r["id"], "response": r["response"], "provenance": r.get("provenance", {})} for r in read_records(source)
-    )
-    records = [json.dumps(record, ensure_ascii=False) for record in saved]
+    records = [json.dumps(saved_answers(record), ensure_ascii=False) for record in read_records(source)]
     out.mkdir(parents=True, exist_ok=True)
     written = 0
     for index, start in enumerate(range(0, len(records), shard_size)):
@@ -80,7 +84,8 @@ def unpack(shards: Path, prompt_paths: list[Path], base: str, out: Path) -> int:
                 if prompt is None:
                     missing.append(saved["id"])
                     continue
-                record = build_record(prompt, tokenizer, saved["response"], saved["provenance"])
+                answers = saved["responses"] if "responses" in saved else saved["response"]
+                record = build_record(prompt, tokenizer, answers, saved["provenance"])
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
                 count += 1
     if missing:

@@ -407,8 +407,14 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
         "--prompts",
         required=True,
         help="JSONL prompts ('prompt', 'conversations' or 'turns' records, unique 'id'), or mt-bench (the installed "
-        "MT-Bench questions); a multi-turn record gives its first turn; conversations are rendered by the chat "
-        "template as bench and generate render them",
+        "MT-Bench questions); a multi-turn record gives its first turn (all of them with --all-turns); "
+        "conversations are rendered by the chat template as bench and generate render them",
+    )
+    parser.add_argument(
+        "--all-turns",
+        action="store_true",
+        help="answer every user turn of a multi-turn ('turns') record, each after the base's own earlier answers, "
+        "as MT-Bench asks its second turn; one record per conversation (default: the first turn only)",
     )
     _add_drafter(
         parser,
@@ -464,10 +470,10 @@ def _distill(args: argparse.Namespace) -> int:
     if not args.allow_evaluation_prompts:
         prompts = _without_evaluation_prompts(prompts, args.exclude_prompts)
     multi_turn = sum(prompt.num_turns > 1 for prompt in prompts)
-    if multi_turn:
+    if multi_turn and not args.all_turns:
         print(
             f"specheads distill: note: {multi_turn} of {len(prompts)} prompts have more than one turn; each record "
-            "holds the response to the first turn only",
+            "holds the response to the first turn only (--all-turns answers them all)",
             file=sys.stderr,
         )
     finished = read_finished(args.out)  # before loading the model: a bad --out fails fast
@@ -481,6 +487,7 @@ def _distill(args: argparse.Namespace) -> int:
             args.server, tokenizer, prompts, args.out, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p, seed=args.seed, concurrency=args.concurrency,
             retries=args.retries, model=args.server_model, use_chat_template=not args.no_chat_template,
+            all_turns=args.all_turns,
         )  # fmt: skip
         _print_distilled(result, args.out, len(prompts), f" ({args.concurrency} in flight)")
         return 0
@@ -502,6 +509,7 @@ def _distill(args: argparse.Namespace) -> int:
         use_chat_template=not args.no_chat_template,
         decoder=decoder,
         decoder_options=options,
+        all_turns=args.all_turns,
     )
     tau = "" if decoder is None else f", tau {result.mean_accepted_length:.2f} ({decoder.drafter.name})"
     _print_distilled(result, args.out, len(prompts), tau)

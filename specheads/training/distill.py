@@ -6,10 +6,17 @@ than on human-written answers (Medusa, Cai et al. 2024, section 2.3.2 "self-dist
 Each output line is one JSON object:
     ``id``, ``prompt`` (exactly the text the base was given: the chat-rendered prompt when a chat template is used,
     tokenised without added special tokens because the template writes its own, as everywhere in specheads, see
-    :func:`specheads.prompts.render_conversation`; for a multi-turn ``"turns"`` record, its first turn),
-    ``response`` (what it generated, cut before the first EOS token) and ``text`` = ``prompt + response``, read by
-    the trainer's ``jsonl`` format; with a chat template also ``conversations`` =
-    ``[{"from": "human", "value": <raw prompt>}, {"from": "gpt", "value": response}]`` for its ``sharegpt`` format.
+    :func:`specheads.prompts.render_conversation`; for a multi-turn ``"turns"`` record, its first turn, or with
+    ``all_turns`` its last turn: the whole conversation so far), ``response`` (what it generated, cut before the
+    first EOS token) and ``text`` = ``prompt + response``, read by the trainer's ``jsonl`` format; with a chat
+    template also ``conversations`` = ``[{"from": "human", "value": <raw prompt>}, {"from": "gpt", "value":
+    response}]`` (every turn, with ``all_turns``) for its ``sharegpt`` format; with ``all_turns`` and more than one
+    turn, ``responses``: the answer to each turn in order (the last is ``response``).
+
+Multi-turn conversations (``all_turns``, ``specheads distill --all-turns``): a ``"turns"`` record's user turns are
+asked one after another, each after the base's own answers to the earlier ones, as MT-Bench asks its second turn
+(and as ``specheads bench`` does), so the heads learn from the conversations the base itself leads. Turn k of every
+row of a batch is generated together; a record is written once all its turns are answered.
 
 Guarantees:
     - Resuming: an existing output file is read first; prompts whose id it holds are skipped and the rest appended.
@@ -157,6 +164,16 @@ def read_finished(out_path: str | Path) -> set[str]:
     return finished
 
 
+def turns_asked(prompt: Prompt, all_turns: bool) -> int:
+    """How many of ``prompt``'s turns distill answers: all of them with ``all_turns``, else the first."""
+    return prompt.num_turns if all_turns else 1
+
+
+def turn_seed(seed: int, prompt_id: str, turn: int) -> int:
+    """The sampling seed of a record's turn ``turn`` (0-based): the record's own seed at its first turn."""
+    return record_seed(seed, prompt_id if turn == 0 else f"{prompt_id}\x00turn {turn + 1}")
+
+
 def record_seed(seed: int, prompt_id: str) -> int:
     """The seed of one record's sampling generator: a stable hash of ``(seed, id)``."""
     digest = hashlib.sha256(f"{seed}\0{prompt_id}".encode()).digest()
@@ -200,6 +217,7 @@ def distill(
     use_chat_template: bool = True,
     decoder: SpecDecoder | None = None,
     decoder_options: Mapping[str, Any] | None = None,
+    all_turns: bool = False,
 ) -> DistillResult:
     """Generate the base's own response to every prompt not yet in ``out_path`` and append the records.
 
@@ -220,6 +238,8 @@ def distill(
             ``generate``.
         decoder_options: further keyword arguments of ``decoder.generate`` (``tree``, ``num_speculative_tokens``,
             ...); the sampling settings, seeds and stop tokens are distill's own.
+        all_turns: answer every user turn of a multi-turn (``"turns"``) prompt, each after the base's own earlier
+            answers (sampled turns after the first are seeded from ``(seed, id, turn)``); False: the first turn only.
 
     Returns:
         A :class:`DistillResult`: records written by this call, tokens, generation time and, with a decoder, tau.
@@ -242,26 +262,33 @@ def distill(
     with out_path.open("a", encoding="utf-8") as handle, bar:
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
-            inputs = [_model_input(prompt, tokenizer, use_chat_template) for prompt in batch]
-            encoded = [
-                _encode(tokenizer, model_input, prompt.id) for model_input, prompt in zip(inputs, batch, strict=True)
-            ]
-            seeds = None if params.greedy else [record_seed(seed, prompt.id) for prompt in batch]
-            tick = time.perf_counter()
-            if decoder is None:
-                sampler = None if seeds is None else PerRowSampler(params, seeds)
-                new_tokens = _generate_batch(base_model, encoded, max_new_tokens, stop_ids, pad_id, sampler)
-            else:
-                new_tokens, stats = _speculate_batch(decoder, encoded, max_new_tokens, stop_ids, params, seeds, options)
-                result.spec_stats = result.spec_stats.merge(stats)
-            result.generate_time_s += time.perf_counter() - tick
-            for prompt, model_input, tokens in zip(batch, inputs, new_tokens, strict=True):
-                response = tokenizer.decode(tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-                handle.write(json.dumps(_record(prompt, model_input, response, written_by), ensure_ascii=False) + "\n")
+            answers: list[list[str]] = [[] for _ in batch]
+            inputs: list[_ModelInput | None] = [None] * len(batch)  # each row's input at its last turn
+            for turn in range(max(turns_asked(prompt, all_turns) for prompt in batch)):
+                rows = [i for i, prompt in enumerate(batch) if turns_asked(prompt, all_turns) > turn]
+                for i in rows:
+                    inputs[i] = _model_input(batch[i], tokenizer, use_chat_template, answers[i])
+                encoded = [_encode(tokenizer, inputs[i], batch[i].id) for i in rows]
+                seeds = None if params.greedy else [turn_seed(seed, batch[i].id, turn) for i in rows]
+                tick = time.perf_counter()
+                if decoder is None:
+                    sampler = None if seeds is None else PerRowSampler(params, seeds)
+                    new_tokens = _generate_batch(base_model, encoded, max_new_tokens, stop_ids, pad_id, sampler)
+                else:
+                    new_tokens, stats = _speculate_batch(
+                        decoder, encoded, max_new_tokens, stop_ids, params, seeds, options
+                    )
+                    result.spec_stats = result.spec_stats.merge(stats)
+                result.generate_time_s += time.perf_counter() - tick
+                result.new_tokens += sum(len(tokens) for tokens in new_tokens)
+                for i, tokens in zip(rows, new_tokens, strict=True):
+                    text = tokenizer.decode(tokens, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                    answers[i].append(text)
+            for prompt, model_input, responses in zip(batch, inputs, answers, strict=True):
+                handle.write(json.dumps(_record(prompt, model_input, responses, written_by), ensure_ascii=False) + "\n")
             handle.flush()  # a crash loses at most this batch
             os.fsync(handle.fileno())
             result.written += len(batch)
-            result.new_tokens += sum(len(tokens) for tokens in new_tokens)
             bar.update(len(batch))
     return result
 
@@ -369,14 +396,17 @@ def _cut_at_stop(tokens: list[int], stop_ids: list[int]) -> list[int]:
     return tokens
 
 
-def _model_input(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, use_chat_template: bool) -> _ModelInput:
-    """What the base is given for ``prompt``, rendered by :func:`specheads.prompts.chat_text` when templated.
+def _model_input(
+    prompt: Prompt, tokenizer: PreTrainedTokenizerBase, use_chat_template: bool, answers: Sequence[str] = ()
+) -> _ModelInput:
+    """What the base is given for ``prompt`` at turn ``len(answers) + 1``, rendered by
+    :func:`specheads.prompts.chat_text` when templated.
 
-    A conversation (``"conversations"`` or ``"turns"`` record) is always templated; a multi-turn prompt gives its
-    first turn only (its later turns would follow the model's own answers, which distill does not chain). A plain
+    A conversation (``"conversations"`` or ``"turns"`` record) is always templated; a multi-turn prompt's turn k
+    follows the base's own ``answers`` to the turns before it (:meth:`specheads.prompts.Prompt.messages`). A plain
     prompt is wrapped as one user message when ``use_chat_template`` and the tokenizer has a template.
     """
-    messages = prompt.messages()
+    messages = prompt.messages(answers)
     if messages is not None:
         turns = [{"from": _SHAREGPT_FROM[m["role"]], "value": m["content"]} for m in messages]
         return _ModelInput(chat_text(tokenizer, messages), True, turns)
@@ -386,8 +416,12 @@ def _model_input(prompt: Prompt, tokenizer: PreTrainedTokenizerBase, use_chat_te
     return _ModelInput(prompt.text, False, None)
 
 
-def _record(prompt: Prompt, model_input: _ModelInput, response: str, provenance: Mapping[str, Any]) -> dict:
+def _record(prompt: Prompt, model_input: _ModelInput, responses: Sequence[str], provenance: Mapping[str, Any]) -> dict:
+    """The record of ``prompt`` answered with ``responses`` (one per turn asked); ``model_input`` is its last turn's."""
+    response = responses[-1]
     record = {"id": prompt.id, "prompt": model_input.text, "response": response, "text": model_input.text + response}
+    if len(responses) > 1:
+        record["responses"] = list(responses)
     if model_input.turns is not None:
         record["conversations"] = [*model_input.turns, {"from": "gpt", "value": response}]
     record["provenance"] = dict(provenance)
@@ -397,16 +431,24 @@ def _record(prompt: Prompt, model_input: _ModelInput, response: str, provenance:
 def build_record(
     prompt: Prompt,
     tokenizer: PreTrainedTokenizerBase,
-    response: str,
+    response: str | Sequence[str],
     provenance: Mapping[str, Any],
     use_chat_template: bool = True,
 ) -> dict:
-    """The record ``distill`` (and ``distill --server``) writes for ``prompt`` answered with ``response``.
+    """The record ``distill`` (and ``distill --server``) writes for ``prompt`` answered with ``response`` (a
+    multi-turn prompt's answers, one per turn asked, as a list).
 
     A saved response and its provenance become a training record again (``scripts/distilled_shards.py``), with the
     prompt rendered as distill renders it.
+
+    Raises:
+        ValueError: no answer, or more answers than the prompt has turns.
     """
-    return _record(prompt, _model_input(prompt, tokenizer, use_chat_template), response, provenance)
+    responses = [response] if isinstance(response, str) else list(response)
+    if not responses:
+        raise ValueError(f"prompt {prompt.id!r}: no answer to build a record from")
+    model_input = _model_input(prompt, tokenizer, use_chat_template, responses[:-1])
+    return _record(prompt, model_input, responses, provenance)
 
 
 def provenance(base_model: PreTrainedModel, decoder: SpecDecoder | None, params: SamplingParams, seed: int) -> dict:

@@ -18,6 +18,8 @@ same fields, same resume rules), but the responses come from ``POST {url}/v1/com
 - Temperature 0 is greedy on the server. Two engines' numerics differ (a quantized GGUF differs from its
   dequantized weights, and kernels differ at near-ties), so the responses equal the local engine's on most records,
   not all: ``scripts/check_llamacpp.py`` measures the fraction. Sampled requests carry ``seed`` = the record's seed.
+- ``all_turns``: a multi-turn prompt's turns are requests made one after another, each carrying the server's own
+  earlier answers; the record is written once its last turn is answered.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ from specheads.training.distill import (
     DistillResult,
     _encode,
     _model_input,
+    _ModelInput,
     _record,
     check_settings,
     check_unique_ids,
     read_finished,
-    record_seed,
+    turn_seed,
+    turns_asked,
 )
 
 TRANSIENT_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -148,6 +152,7 @@ def distill_server(
     timeout: float = 600.0,
     progress: bool = True,
     use_chat_template: bool = True,
+    all_turns: bool = False,
 ) -> DistillResult:
     """Write the server's response to every prompt not yet in ``out_path`` (see the module docstring).
 
@@ -163,6 +168,8 @@ def distill_server(
         retries: retries per request on transient errors.
         model: the served model's id (None: the only one the server lists).
         timeout: seconds per request.
+        all_turns: answer every user turn of a multi-turn prompt, each request after the server's own earlier
+            answers (one record per prompt, written once its last turn is answered); False: the first turn only.
 
     Returns:
         A :class:`~specheads.training.distill.DistillResult`; ``generate_time_s`` is the wall time of the requests.
@@ -181,33 +188,43 @@ def distill_server(
         return result
     client = _client(url, timeout)
     served = server_model(client, tokenizer, model, retries)
-    inputs = [_model_input(prompt, tokenizer, use_chat_template) for prompt in todo]
     written_by = {"engine": f"server {url} ({served.id})", "temperature": temperature, "seed": seed}
-    encoded = [_encode(tokenizer, model_input, prompt.id) for model_input, prompt in zip(inputs, todo, strict=True)]
+    for prompt in todo:  # a prompt that cannot be rendered fails before any request
+        _encode(tokenizer, _model_input(prompt, tokenizer, use_chat_template), prompt.id)
     checked = threading.Event()
 
-    def request(index: int) -> tuple[str, int]:
-        prompt = todo[index]
-        body: dict[str, Any] = {"model": served.id, "prompt": encoded[index], "max_tokens": max_new_tokens,
+    def ask(prompt: Prompt, turn: int, model_input: _ModelInput) -> tuple[str, int]:
+        encoded = _encode(tokenizer, model_input, prompt.id)
+        body: dict[str, Any] = {"model": served.id, "prompt": encoded, "max_tokens": max_new_tokens,
                                 "temperature": temperature, "top_p": top_p}  # fmt: skip
         if temperature > 0:
-            body["seed"] = record_seed(seed, prompt.id) % 2**31
+            body["seed"] = turn_seed(seed, prompt.id, turn) % 2**31
         answer = with_retries(lambda: client.completions.create(**body), retries, f"prompt {prompt.id!r}")
         usage = answer.usage
         if usage is not None and not checked.is_set():
-            if usage.prompt_tokens != len(encoded[index]):
+            if usage.prompt_tokens != len(encoded):
                 raise ServerError(
-                    f"the server counted {usage.prompt_tokens} prompt tokens for the {len(encoded[index])} ids sent "
+                    f"the server counted {usage.prompt_tokens} prompt tokens for the {len(encoded)} ids sent "
                     f"with prompt {prompt.id!r}: it does not read token-id prompts as the tokenizer we train with"
                 )
             checked.set()
         return answer.choices[0].text, int(usage.completion_tokens) if usage is not None else 0
 
+    def request(index: int) -> tuple[dict, int]:
+        """The record of prompt ``index``: its turns asked one after another, each after the earlier answers."""
+        prompt, answers, tokens = todo[index], [], 0
+        for turn in range(turns_asked(prompt, all_turns)):
+            model_input = _model_input(prompt, tokenizer, use_chat_template, answers)
+            text, count = ask(prompt, turn, model_input)
+            answers.append(text)
+            tokens += count
+        return _record(prompt, model_input, answers, written_by), tokens
+
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = len(prompts) - len(todo)
     bar = tqdm(total=len(prompts), initial=done, desc="distill (server)", unit="prompt", disable=not progress)
     start = time.perf_counter()
-    ready: dict[int, tuple[str, int]] = {}
+    ready: dict[int, tuple[dict, int]] = {}
     next_write, next_submit = 0, 0
     pending: dict[Future, int] = {}
     failure: BaseException | None = None
@@ -227,8 +244,7 @@ def distill_server(
                     failure = failure or error
             written = 0
             while next_write in ready:
-                text, tokens = ready.pop(next_write)
-                record = _record(todo[next_write], inputs[next_write], text, written_by)
+                record, tokens = ready.pop(next_write)
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
                 result.written += 1
                 result.new_tokens += tokens

@@ -351,3 +351,62 @@ def test_prompts_that_copy_an_evaluation_set_are_skipped_and_counted(setup, tmp_
     everything = tmp_path / "all.jsonl"
     assert run(root, everything, "--exclude-prompts", str(bench), "--allow-evaluation-prompts") == 0
     assert len(read(everything)) == len(PROMPTS)
+
+
+def test_all_turns_asks_each_turn_after_the_base_own_answers(setup, tmp_path) -> None:
+    """--all-turns: a "turns" record's turn k is the base's greedy answer to the conversation of its turns 1..k with
+    its own earlier answers, rows of one batch at different turns; one record per conversation."""
+    _, model, _ = setup
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    chats = {"two": ["def f", "and g"], "one": ["x = 1"], "three": ["a", "b b", "class C"]}
+    prompts_file = tmp_path / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps({"id": key, "turns": turns}) + "\n" for key, turns in chats.items()))
+    prompts = load_prompts(prompts_file, tokenizer)
+    out = tmp_path / "all.jsonl"
+    result = distill(model, tokenizer, prompts, out, max_new_tokens=MAX_NEW, batch_size=3, progress=False,
+                     all_turns=True)  # fmt: skip
+    records = {record["id"]: record for record in read(out)}
+    assert list(records) == list(chats) and result.written == 3
+    generated = 0
+    for key, turns in chats.items():
+        messages, answers = [], []
+        for turn in turns:  # the chained reference, one conversation alone
+            messages.append({"role": "user", "content": turn})
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            tokens = unbatched_greedy(model, tokenizer(text, add_special_tokens=False)["input_ids"])
+            answers.append(tokenizer.decode(tokens))
+            messages.append({"role": "assistant", "content": answers[-1]})
+            generated += len(tokens)
+        record = records[key]
+        assert record.get("responses", answers) == answers and record["response"] == answers[-1]
+        assert ("responses" in record) == (len(turns) > 1)
+        assert record["prompt"] == text and record["text"] == text + answers[-1]
+        roles = {"user": "human", "assistant": "gpt"}
+        assert record["conversations"] == [{"from": roles[m["role"]], "value": m["content"]} for m in messages]
+    assert result.new_tokens == generated
+    everything = [answer for r in records.values() for answer in r.get("responses", [r["response"]])]
+    assert len(set(everything)) > 1  # the model's answers depend on the conversation: the comparison can fail
+    # Without --all-turns the same prompts give their first turns only: the first answers of the chained file.
+    first = tmp_path / "first.jsonl"
+    distill(model, tokenizer, prompts, first, max_new_tokens=MAX_NEW, batch_size=2, progress=False)
+    assert [r["response"] for r in read(first)] == [r.get("responses", [r["response"]])[0] for r in records.values()]
+    assert not any("responses" in r for r in read(first))
+
+
+def test_the_cli_answers_every_turn_with_all_turns(setup, tmp_path, capsys) -> None:
+    _, model, _ = setup
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"id": "t", "turns": ["def f", "and g"]}) + "\n")
+    args = ["distill", "--base", str(tmp_path / "base"), "--prompts", str(tmp_path / "prompts.jsonl")]
+    args += ["--max-new-tokens", "4"]
+    assert main([*args, "--out", str(tmp_path / "first.jsonl")]) == 0
+    assert "1 of 1 prompts have more than one turn" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "all.jsonl"), "--all-turns"]) == 0
+    assert "more than one turn" not in capsys.readouterr().err
+    (first,), (chained,) = read(tmp_path / "first.jsonl"), read(tmp_path / "all.jsonl")
+    assert len(chained["responses"]) == 2 and chained["responses"][0] == first["response"]
+    assert chained["prompt"] == f"user: def f\nassistant: {first['response']}\nuser: and g\nassistant: "

@@ -211,11 +211,16 @@ def test_the_served_model_is_checked_against_our_tokenizer(tokenizer, prompts, t
 def test_retry_backoff_doubles_and_gives_up() -> None:
     import openai
 
+    try:  # openai 3 builds its errors on httpx2's requests, earlier releases on httpx's
+        import httpx2 as http
+    except ImportError:
+        import httpx as http
+    request = http.Request("POST", "http://127.0.0.1/v1/completions")
     slept, calls = [], []
 
     def flaky():
         calls.append(1)
-        raise openai.APIConnectionError(request=None)
+        raise openai.APIConnectionError(request=request)
 
     with pytest.raises(ServerError, match="APIConnectionError"):
         with_retries(flaky, 3, "probe", sleep=slept.append)
@@ -250,3 +255,23 @@ def test_the_cli(tokenizer, prompts, tmp_path, capsys) -> None:
         )
         == 2
     )  # usage error; fmt: skip
+
+
+def test_all_turns_are_requests_after_the_server_own_answers(tokenizer, tmp_path) -> None:
+    path = tmp_path / "prompts.jsonl"
+    chats = [["first question", "then this"], ["alone"], ["a", "b", "c"]]
+    path.write_text("".join(json.dumps({"id": f"c{i}", "turns": turns}) + "\n" for i, turns in enumerate(chats)))
+    items = load_prompts(path, tokenizer)
+    with FakeServer(vocab=None) as server:
+        result = distill_server(server.url, tokenizer, items, tmp_path / "out.jsonl", concurrency=3, progress=False,
+                                all_turns=True)  # fmt: skip
+        assert len(server.requests) == 6 and result.written == 3 and result.new_tokens == 3 * 6
+    records = _read(tmp_path / "out.jsonl")
+    for prompt, record in zip(items, records, strict=True):
+        answers = []
+        for _ in range(prompt.num_turns):  # each request carries the server's earlier answers
+            model_input = _model_input(prompt, tokenizer, True, answers)
+            answers.append(_answer(_encode(tokenizer, model_input, prompt.id)))
+        assert record.get("responses", answers) == answers and record["response"] == answers[-1]
+        assert record["prompt"] == model_input.text and record["text"] == model_input.text + answers[-1]
+        assert [turn["value"] for turn in record["conversations"][1::2]] == answers

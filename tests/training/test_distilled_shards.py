@@ -46,3 +46,24 @@ def test_unpack_names_answers_without_a_prompt(tmp_path) -> None:
     with pytest.raises(SystemExit, match="1 saved answers have no prompt.*'gone'"):
         script.unpack(tmp_path / "shards", [tmp_path / "prompts.jsonl"], str(tmp_path / "base"), tmp_path / "o.jsonl")
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_multi_turn_answers_are_kept_and_rebuilt(tmp_path) -> None:
+    script = load_script("distilled_shards")
+    tokenizer = chat_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "base")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "a", "turns": ["one", "two"]}) + "\n" + json.dumps({"id": "b", "turns": ["x"]})
+    )
+    distilled = tmp_path / "distilled.jsonl"
+    loaded = load_prompts(prompts, tokenizer=tokenizer)
+    distill(tiny_model("llama", seed=1), tokenizer, loaded, distilled, max_new_tokens=5, progress=False, all_turns=True)
+    assert script.pack(distilled, tmp_path / "shards", shard_size=10) == (2, 1)
+    saved = [
+        json.loads(line)
+        for line in lzma.decompress((tmp_path / "shards" / "responses-00000.jsonl.xz").read_bytes()).splitlines()
+    ]
+    assert [sorted(s) for s in saved] == [["id", "provenance", "responses"], ["id", "provenance", "response"]]
+    assert script.unpack(tmp_path / "shards", [prompts], str(tmp_path / "base"), tmp_path / "rebuilt.jsonl") == 2
+    assert (tmp_path / "rebuilt.jsonl").read_bytes() == distilled.read_bytes()

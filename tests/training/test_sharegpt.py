@@ -371,3 +371,34 @@ def test_the_installed_sharegpt_file_is_read_whole_with_one_warning_at_its_cut(c
     assert len(cuts) == 1
     assert "the record starting at byte 125506645 is incomplete" in cuts[0] and "17671 complete records" in cuts[0]
     assert 17_000 < records <= 17_671  # usable ones: empty and answerless conversations are skipped
+
+
+def test_sharegpt_prompts_keeps_later_turns_as_turns_records(tmp_path, chat_tokenizer, monkeypatch, capsys):
+    """scripts/sharegpt_prompts.py --turns N: a conversation's first N user turns as one "turns" record (cut before
+    a turn that is too long), single-turn ones as before; --turns 1 writes the first turns of the same records."""
+    from helpers import load_script
+
+    script = load_script("sharegpt_prompts")
+    chat_tokenizer.save_pretrained(tmp_path / "base")
+
+    def chat(record_id: str, *users: str) -> dict:
+        turns = [turn for user in users for turn in ({"from": "human", "value": user}, {"from": "gpt", "value": "ok"})]
+        return {"id": record_id, "conversations": turns}
+
+    records = [chat("a", "one", "two", "three", "four"), chat("b", "solo"), chat("c", "start", "x " * 80, "never")]
+    (tmp_path / "sharegpt.json").write_text(json.dumps(records))
+    monkeypatch.setattr(script, "sharegpt_path", lambda: tmp_path / "sharegpt.json")
+    common = ["--base", str(tmp_path / "base"), "--max-prompt-tokens", "64"]
+    script.main(["--out", str(tmp_path / "three.jsonl"), "--turns", "3", *common])
+    assert (
+        "1 conversations keep more than one turn (2 later turns, up to 3 turns each); 1 cut" in capsys.readouterr().out
+    )
+    three = [json.loads(line) for line in (tmp_path / "three.jsonl").read_text().splitlines()]
+    assert three == [
+        {"id": "a", "turns": ["one", "two", "three"]},
+        {"id": "b", "conversations": [{"from": "human", "value": "solo"}]},
+        {"id": "c", "conversations": [{"from": "human", "value": "start"}]},
+    ]
+    script.main(["--out", str(tmp_path / "one.jsonl"), *common])
+    one = [json.loads(line) for line in (tmp_path / "one.jsonl").read_text().splitlines()]
+    assert [r["conversations"] for r in one] == [[{"from": "human", "value": t}] for t in ("one", "solo", "start")]
