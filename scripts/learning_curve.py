@@ -13,8 +13,9 @@ tokens, one line per epoch).
 ``--one-pass RUN`` (repeatable) adds the evaluations of a finished or running one-epoch run (``train.epochs=1`` with
 ``log.eval_every``) as a line of its own: up to each evaluation every training token was new, so its tokens seen are
 its unique tokens. Those points come from one learning-rate schedule, read mid-way: they show what more unique data
-gives within one pass, not what a shorter run that finished its schedule would reach. With ``--one-pass`` alone
-(``--records`` omitted) nothing is trained.
+gives within one pass, not what a shorter run that finished its schedule would reach. ``--points CURVE_JSON``
+(repeatable) adds the points of an earlier ``curve.json`` (a run on another machine, or one whose folder is gone).
+With ``--one-pass`` or ``--points`` alone (``--records`` omitted) nothing is trained.
 
 Unique tokens are the real tokens of the training rows (prompt and answer, after truncation to ``data.max_length``);
 tokens seen are unique tokens times epochs.
@@ -153,12 +154,17 @@ def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
             linestyle="--",
             label=f"chain-3, {name}",
         )
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
     for axis, label in ((left, "held-out depth-1 agreement"), (right, "simulated tau")):
         axis.set_xscale("log")
+        axis.xaxis.set_major_formatter(plain)
+        axis.xaxis.set_minor_formatter(plain)
         axis.set_xlabel("unique training tokens (millions)")
         axis.set_ylabel(label)
         axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=8)
+        axis.legend(fontsize=7, loc="best")
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -175,10 +181,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--points", action="append", default=[], metavar="CURVE_JSON", help="an earlier curve.json")
     parser.add_argument("overrides", nargs="*", help="key=value recipe overrides for every point")
     args = parser.parse_args(argv)
-    if not args.records and not args.one_pass:
-        parser.error("give --records, --one-pass or both")
+    if not (args.records or args.one_pass or args.points):
+        parser.error("give --records, --one-pass or --points")
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -189,6 +196,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         (out / "curve.json").write_text(json.dumps({"config": args.config, "points": points}, indent=2) + "\n")
     for run in args.one_pass:
         points += one_pass_points(Path(run))
+    for path in args.points:
+        points += json.loads(Path(path).read_text())["points"]
     (out / "curve.json").write_text(json.dumps({"config": args.config, "points": points}, indent=2) + "\n")
     (out / "curve.md").write_text(table(points))
     name = Path(args.config).name if args.config else "recipe"

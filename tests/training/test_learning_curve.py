@@ -39,3 +39,7 @@ def test_the_curve_trains_each_point_evaluates_each_epoch_and_resumes(tmp_path, 
     assert (tmp_path / "o" / "curve.png").stat().st_size > 10_000
     assert "one pass (records-24)" in (tmp_path / "o" / "curve.md").read_text()
     assert (curve / "records-8" / "heads" / "model.safetensors").stat().st_mtime_ns == before
+    # --points draws an earlier curve.json's points with the rest.
+    earlier = ["--points", str(curve / "curve.json"), "--one-pass", str(curve / "records-24")]
+    both = load_script("learning_curve").main([*earlier, "--out", str(tmp_path / "b")])
+    assert both == passed + points
