@@ -1,15 +1,16 @@
 """Ship trained EAGLE-3 heads for a named real base (``heads="default"`` with ``base="smollm2-135m"``).
 
-    specheads train --config configs/smollm2-135m/eagle3.yaml
-    specheads calibrate --config configs/smollm2-135m/eagle3.yaml --heads runs/smollm2-135m-eagle3-long/heads
-    python scripts/ship_named_heads.py smollm2-135m runs/smollm2-135m-eagle3-long --training training.json
+    specheads train --config configs/smollm2-135m/eagle3-large.yaml
+    specheads calibrate --config configs/smollm2-135m/eagle3-large.yaml --heads runs/smollm2-135m-eagle3-large/heads
+    python scripts/ship_named_heads.py smollm2-135m runs/smollm2-135m-eagle3-large \
+        --config configs/smollm2-135m/eagle3-large.yaml --training training.json --curve curve.json
 
 Copies the head checkpoint of ``RUN/heads`` (config.json, the weights as bfloat16 safetensors, the calibrated
 tree.json, eval.json and recipe.json) into ``specheads/assets/<name>/eagle3/`` and writes
 ``specheads/assets/<name>/manifest.json``: the base (package, file, sha256), the recipe and its data, the tokens the
-heads saw (from the run's checkpoint state), the held-out agreement, the calibration, the commands and the sha256 of
-every shipped file, checked whenever the heads are loaded. Refuses heads that do not load on the base and heads over
-20 MB.
+heads saw (from the run's checkpoint state), the held-out agreement, the learning curve (``--curve``: the
+``curve.json`` of ``scripts/learning_curve.py``), the calibration, the commands and the sha256 of every shipped
+file, checked whenever the heads are loaded. Refuses heads that do not load on the base and heads over 20 MB.
 """
 
 from __future__ import annotations
@@ -30,28 +31,40 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _commands(name: str, run: Path, recipe: dict) -> list[str]:
+def _commands(name: str, run: Path, recipe: dict, config: str) -> list[str]:
     """The commands that reproduce the shipped heads, from the recipe they were trained with: the distilled chats
-    (a prefix of the distillation's output when the recipe names ``distilled-N.jsonl``), the training run (with
-    its output folder when it is not the recipe file's), calibration and this script."""
+    (rebuilt from the answers kept in ``data/<name>/responses`` where the repository holds them, else distilled
+    again; a prefix of the distillation's output when the recipe names ``distilled-N.jsonl``), the training run
+    (with its output folder when it is not the recipe file's), calibration and this script."""
     distilled = f"data/{name}/distilled.jsonl"
-    commands = [
-        f"python scripts/sharegpt_prompts.py --out data/{name}/sharegpt_prompts.jsonl",
-        f"specheads distill --base {name} --prompts data/{name}/sharegpt_prompts.jsonl --out {distilled} "
-        "--max-new-tokens 192 --batch-size 32",
-    ]
+    prompts = f"data/{name}/sharegpt_prompts.jsonl"
+    commands = [f"python scripts/sharegpt_prompts.py --out {prompts}"]
+    eval_paths = recipe.get("data", {}).get("eval_paths") or []
+    if eval_paths:
+        commands[0] += f" --heldout 160 --heldout-out data/{name}/heldout_prompts.jsonl"
+    kept = ASSETS.parents[1] / "data" / name / "responses"
+    if kept.is_dir():
+        every = f"{prompts} data/{name}/heldout_prompts.jsonl" if eval_paths else prompts
+        commands.append(f"python scripts/distilled_shards.py unpack data/{name}/responses --base {name} "
+                        f"--prompts {every} --out {distilled}")  # fmt: skip
+        if eval_paths and (kept.parent / "heldout-responses").is_dir():
+            commands.append(f"python scripts/distilled_shards.py unpack data/{name}/heldout-responses --base {name} "
+                            f"--prompts {every} --out {eval_paths[0]}")  # fmt: skip
+    else:
+        distill = f"specheads distill --base {name} --prompts {prompts} --out {distilled}"
+        commands.append(f"{distill} --max-new-tokens 256 --batch-size 32")
     for path in recipe.get("data", {}).get("paths") or []:
         stem = Path(path).stem
         if stem.startswith("distilled-") and stem.removeprefix("distilled-").isdigit():
             commands.append(f"head -n {stem.removeprefix('distilled-')} {distilled} > {path}")
-    train = f"specheads train --config configs/{name}/eagle3.yaml"
+    train = f"specheads train --config {config}"
     if recipe.get("output", {}).get("dir") not in (None, str(run)):
         train += f" output.dir={run}"
     return [
         *commands,
         train,
-        f"specheads calibrate --config configs/{name}/eagle3.yaml --heads {run}/heads",
-        f"python scripts/ship_named_heads.py {name} {run}",
+        f"specheads calibrate --config {config} --heads {run}/heads",
+        f"python scripts/ship_named_heads.py {name} {run} --config {config}",
     ]
 
 
@@ -60,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", help="the named base, e.g. smollm2-135m")
     parser.add_argument("run", type=Path, help="the training run's output.dir (its heads/ are shipped)")
     parser.add_argument("--training", type=Path, help="JSON with further training facts to record (minutes, load)")
+    parser.add_argument("--config", help="the recipe the run trained with (default: configs/NAME/eagle3.yaml)")
+    parser.add_argument("--curve", type=Path, help="learning_curve.py's curve.json to record with the heads")
     args = parser.parse_args(argv)
+    recipe_path = args.config or f"configs/{args.name}/eagle3.yaml"
 
     import torch
     from safetensors.torch import load_file, save_file
@@ -121,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                     for key in ("choices", "dynamic", "expected_tau", "plain_tokens_per_s", "best_speedup_over_plain")
                 }
                 | {"machine": tree.get("machine")},
-                "commands": _commands(args.name, args.run, recipe),
+                "learning_curve": json.loads(args.curve.read_text())["points"] if args.curve else None,
+                "commands": _commands(args.name, args.run, recipe, recipe_path),
             }
         },
     }
