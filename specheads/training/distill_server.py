@@ -43,7 +43,6 @@ from specheads.training.distill import (
     DistillResult,
     _encode,
     _model_input,
-    _ModelInput,
     _record,
     check_settings,
     check_unique_ids,
@@ -189,12 +188,12 @@ def distill_server(
     client = _client(url, timeout)
     served = server_model(client, tokenizer, model, retries)
     written_by = {"engine": f"server {url} ({served.id})", "temperature": temperature, "seed": seed}
-    for prompt in todo:  # a prompt that cannot be rendered fails before any request
-        _encode(tokenizer, _model_input(prompt, tokenizer, use_chat_template), prompt.id)
+    # The first turns, rendered before any request: a prompt that cannot be rendered fails before the server is asked.
+    first_inputs = [_model_input(prompt, tokenizer, use_chat_template) for prompt in todo]
+    first_encoded = [_encode(tokenizer, first, prompt.id) for first, prompt in zip(first_inputs, todo, strict=True)]
     checked = threading.Event()
 
-    def ask(prompt: Prompt, turn: int, model_input: _ModelInput) -> tuple[str, int]:
-        encoded = _encode(tokenizer, model_input, prompt.id)
+    def ask(prompt: Prompt, turn: int, encoded: list[int]) -> tuple[str, int]:
         body: dict[str, Any] = {"model": served.id, "prompt": encoded, "max_tokens": max_new_tokens,
                                 "temperature": temperature, "top_p": top_p}  # fmt: skip
         if temperature > 0:
@@ -214,8 +213,12 @@ def distill_server(
         """The record of prompt ``index``: its turns asked one after another, each after the earlier answers."""
         prompt, answers, tokens = todo[index], [], 0
         for turn in range(turns_asked(prompt, all_turns)):
-            model_input = _model_input(prompt, tokenizer, use_chat_template, answers)
-            text, count = ask(prompt, turn, model_input)
+            if turn == 0:
+                model_input, encoded = first_inputs[index], first_encoded[index]
+            else:
+                model_input = _model_input(prompt, tokenizer, use_chat_template, answers)
+                encoded = _encode(tokenizer, model_input, prompt.id)
+            text, count = ask(prompt, turn, encoded)
             answers.append(text)
             tokens += count
         return _record(prompt, model_input, answers, written_by), tokens
