@@ -70,6 +70,10 @@ class TrainConfig:
     seed: int = 0
     max_minutes: float | None = None  # stop (checkpoint + export) after this wall time; the schedule keeps `steps`
     resume: str = "auto"  # auto | never | a checkpoint directory
+    # Heads to start from instead of a fresh initialisation (a native checkpoint of the same method, architecture
+    # and base, e.g. an earlier run's OUTPUT/heads): training continues them on this recipe's data with a fresh
+    # optimizer and schedule. EAGLE heads keep the checkpoint's draft vocabulary (their lm_head rows are its tokens)
+    init_from: str | None = None
     overwrite: bool = False  # allow writing into an output directory that holds another run
     # The heads' forward and backward under autocast, fp32 master weights and optimizer state. auto: bf16 (fp16) when
     # the base runs in bf16 (fp16) on a GPU, or in bf16 on a CPU with native bf16 products; no: fp32 throughout

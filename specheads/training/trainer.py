@@ -44,7 +44,15 @@ from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from specheads.heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, atomic_write
+from specheads.heads.checkpoint import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    HeadCheckpointError,
+    atomic_write,
+    check_base,
+    load_module_state,
+    read_checkpoint,
+)
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.registry import HEAD_TYPES, HeadType
 from specheads.training.config import ConfigError, DataConfig, RecipeConfig, config_from_dict
@@ -170,6 +178,9 @@ def setup(config: RecipeConfig) -> Run:
         data_config = dataclasses.replace(config.data, paths=expand_data_paths(config.data.paths))
         dataset = build_dataset(data_config, tokenizer).with_format("torch")
     heads = head_type.build_heads(base, config.heads, dataset)
+    if config.train.init_from:
+        init_heads(heads, config.train.init_from, base, config.heads.type)
+        accelerator.print(f"heads initialised from {config.train.init_from}")
     base = _prepare_base(config, base)
     collate, rows = collate_trimmed, dataset
     if config.data.feature_cache:
@@ -219,6 +230,35 @@ def setup(config: RecipeConfig) -> Run:
         shutil.rmtree(output / BEST, ignore_errors=True)
         (output / EVALS).unlink(missing_ok=True)
     return run
+
+
+def init_heads(heads: torch.nn.Module, directory: str | Path, base: torch.nn.Module, head_type: str) -> None:
+    """Load the weights (and buffers: an EAGLE draft vocabulary) of the native checkpoint ``directory`` into the
+    freshly built ``heads`` (``train.init_from``).
+
+    Raises:
+        ConfigError: the checkpoint is unreadable, of another method, made for another base, or of another
+            architecture than the recipe builds (the differing config fields are named).
+    """
+    where = f"train.init_from={directory}"
+    try:
+        recorded, tensors = read_checkpoint(directory)
+        if recorded.get("head_type") != head_type:
+            kind = recorded.get("head_type")
+            raise HeadCheckpointError(f"{where} holds {kind!r} heads; this recipe trains {head_type!r}")
+        check_base(recorded.get("base_model", {}), base, where)
+        built = dataclasses.asdict(heads.config)
+        differing = sorted(
+            key
+            for key in set(built) | set(recorded)
+            if key not in ("base_model", "specheads_version", "head_type") and built.get(key) != recorded.get(key)
+        )
+        if differing:
+            fields = ", ".join(f"{key}: {recorded.get(key)!r} there, {built.get(key)!r} here" for key in differing)
+            raise HeadCheckpointError(f"{where} has another architecture than this recipe's heads ({fields})")
+        load_module_state(heads, tensors, where)
+    except HeadCheckpointError as error:
+        raise ConfigError(str(error)) from error
 
 
 def _cached_features(

@@ -16,6 +16,7 @@ from training_helpers import (
     heads_state,
     kill_after_checkpoint_and_resume,
     make_workspace,
+    medusa_overrides,
     rows_cache,  # noqa: F401 - autouse: a private rows cache per test
     run_logged,
     two_processes,
@@ -95,6 +96,45 @@ def test_corpus_targets_train(workspace, tmp_path) -> None:
     assert json.loads((tmp_path / "corpus" / "final_state.json").read_text())["step"] == 6
     distilled = train(load_config(None, _overrides(workspace, tmp_path / "self", **{"heads.targets": "self"})))
     assert any(not torch.equal(value, _heads(distilled)[name]) for name, value in _heads(corpus).items())
+
+
+# ---------------------------------------------------------------------------------------------------- init_from
+def test_init_from_continues_earlier_heads_with_their_draft_vocabulary(workspace, tmp_path) -> None:
+    first = train(load_config(None, _overrides(workspace, tmp_path / "first")))
+    other = tmp_path / "other"
+    other.mkdir()  # other text: its most frequent tokens, the draft vocabulary a fresh run builds, differ
+    (other / "prose.txt").write_text("The cat sat on the mat. A dog ran in the park, and the sun was warm.\n" * 20)
+    still = {"data.paths": f"[{other}]", "train.steps": 1, "train.lr": 1e-12, "train.warmup_steps": 0}
+    fresh = _heads(train(load_config(None, _overrides(workspace, tmp_path / "fresh", **still))))
+    assert not torch.equal(fresh["d2t"], _heads(first)["d2t"])  # else the draft vocabulary test below proves nothing
+    continued = _heads(
+        train(load_config(None, _overrides(workspace, tmp_path / "continued", **still, **{"train.init_from": first})))
+    )
+    for name, value in _heads(first).items():
+        torch.testing.assert_close(continued[name], value, rtol=0, atol=1e-6)
+    recorded = json.loads((tmp_path / "continued" / "heads" / "recipe.json").read_text())
+    assert recorded["train"]["init_from"] == str(first)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"heads.draft_vocab_size": 32}, "draft_vocab_size: 48 there, 32 here"),
+        ({"heads.ttt_steps": 2, "heads.version": 1, "heads.draft_vocab_size": 0}, "version"),
+    ],
+)
+def test_init_from_heads_of_another_architecture_is_a_config_error(workspace, tmp_path, extra, message) -> None:
+    first = train(load_config(None, _overrides(workspace, tmp_path / "first", **{"train.steps": 1})))
+    with pytest.raises(ConfigError, match=message):
+        train(load_config(None, _overrides(workspace, tmp_path / "next", **{"train.init_from": first, **extra})))
+
+
+def test_init_from_heads_of_another_method_or_nothing_is_a_config_error(workspace, tmp_path) -> None:
+    other = train(load_config(None, medusa_overrides(workspace, tmp_path / "medusa", **{"train.steps": 1})))
+    with pytest.raises(ConfigError, match="holds 'medusa' heads; this recipe trains 'eagle'"):
+        train(load_config(None, _overrides(workspace, tmp_path / "next", **{"train.init_from": other})))
+    with pytest.raises(ConfigError, match="does not exist"):
+        train(load_config(None, _overrides(workspace, tmp_path / "next", **{"train.init_from": tmp_path / "nowhere"})))
 
 
 # ---------------------------------------------------------------------------------------------------- resume
