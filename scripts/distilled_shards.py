@@ -12,6 +12,10 @@ renders them), and checks each rebuilt record against nothing but its shard.
     python scripts/distilled_shards.py unpack data/smollm2-135m/responses --base smollm2-135m \\
         --prompts data/smollm2-135m/sharegpt_prompts.jsonl --out data/smollm2-135m/distilled.jsonl
 
+A distillation that grew first turns, then whole conversations (``distill --all-turns`` on a ``--turns 2`` prompts
+file after a first-turn one, which share their ids), unpacks from both prompts files: each record is rebuilt from the
+first prompt of its id with at least as many turns as it has answers.
+
 A shard whose content is unchanged is not rewritten (a file that grew at its end, ``join_distilled.py --grow``,
 rewrites only its last shard), so the history holds each full shard once.
 """
@@ -67,10 +71,10 @@ def unpack(shards: Path, prompt_paths: list[Path], base: str, out: Path) -> int:
     from specheads.training.distill import build_record
 
     tokenizer = load_tokenizer(base)
-    prompts = {}
+    prompts: dict[str, list] = {}  # every prompt of an id, in the order given
     for path in prompt_paths:
         for prompt in load_prompts(path, tokenizer=tokenizer):
-            prompts.setdefault(prompt.id, prompt)
+            prompts.setdefault(prompt.id, []).append(prompt)
     files = sorted(shards.glob(SHARD.replace("{:05d}", "*")))
     if not files:
         raise SystemExit(f"{shards}: no {SHARD.format(0)}-style shards")
@@ -80,11 +84,12 @@ def unpack(shards: Path, prompt_paths: list[Path], base: str, out: Path) -> int:
         for path in files:
             for line in lzma.decompress(path.read_bytes()).decode("utf-8").splitlines():
                 saved = json.loads(line)
-                prompt = prompts.get(saved["id"])
-                if prompt is None:
-                    missing.append(saved["id"])
-                    continue
                 answers = saved["responses"] if "responses" in saved else saved["response"]
+                asked = len(answers) if isinstance(answers, list) else 1
+                prompt = next((p for p in prompts.get(saved["id"], []) if p.num_turns >= asked), None)
+                if prompt is None:
+                    missing.append(saved["id"] if asked == 1 else f"{saved['id']} ({asked} turns)")
+                    continue
                 record = build_record(prompt, tokenizer, answers, saved["provenance"])
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
                 count += 1

@@ -67,3 +67,37 @@ def test_multi_turn_answers_are_kept_and_rebuilt(tmp_path) -> None:
     assert [sorted(s) for s in saved] == [["id", "provenance", "responses"], ["id", "provenance", "response"]]
     assert script.unpack(tmp_path / "shards", [prompts], str(tmp_path / "base"), tmp_path / "rebuilt.jsonl") == 2
     assert (tmp_path / "rebuilt.jsonl").read_bytes() == distilled.read_bytes()
+
+
+def test_a_file_grown_from_first_turns_to_whole_conversations_unpacks_from_both_prompt_files(tmp_path) -> None:
+    script = load_script("distilled_shards")
+    tokenizer = chat_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "base")
+    conversations = {"a": ["one", "two"], "b": ["three", "four"], "c": ["five"]}
+    first = tmp_path / "first.jsonl"  # the first turns (sharegpt_prompts.py), then the same ids with two turns
+    first.write_text(
+        "".join(
+            json.dumps({"id": i, "conversations": [{"from": "human", "value": t[0]}]}) + "\n"
+            for i, t in conversations.items()
+        )
+    )
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text("".join(json.dumps({"id": i, "turns": t}) + "\n" for i, t in conversations.items()))
+    distilled, model = tmp_path / "distilled.jsonl", tiny_model("llama", seed=1)
+    distill(model, tokenizer, load_prompts(first, tokenizer=tokenizer)[:1], distilled, max_new_tokens=4, progress=False)
+    distill(
+        model,
+        tokenizer,
+        load_prompts(whole, tokenizer=tokenizer),
+        distilled,
+        max_new_tokens=4,
+        progress=False,
+        all_turns=True,
+    )  # resumes: "a" keeps its first-turn answer, "b" and "c" are answered whole
+    records = [json.loads(line) for line in distilled.read_text().splitlines()]
+    assert [len(r["conversations"]) for r in records] == [2, 4, 2]
+    script.pack(distilled, tmp_path / "shards", shard_size=10)
+    assert script.unpack(tmp_path / "shards", [first, whole], str(tmp_path / "base"), tmp_path / "rebuilt.jsonl") == 3
+    assert (tmp_path / "rebuilt.jsonl").read_bytes() == distilled.read_bytes()
+    with pytest.raises(SystemExit, match="1 saved answers have no prompt.*'b \\(2 turns\\)'"):
+        script.unpack(tmp_path / "shards", [first], str(tmp_path / "base"), tmp_path / "other.jsonl")
