@@ -5,6 +5,9 @@
     python scripts/ship_named_heads.py smollm2-135m runs/smollm2-135m-eagle3-large \
         --config configs/smollm2-135m/eagle3-large.yaml --training training.json --curve curve.json
 
+Heads continued from an earlier run (``train.init_from``) name the earlier recipes with ``--stage``, and ``--turns N``
+says the distillation grew to conversations of N turns.
+
 Copies the head checkpoint of ``RUN/heads`` (config.json, the weights as bfloat16 safetensors, the calibrated
 tree.json, eval.json and recipe.json) into ``specheads/assets/<name>/eagle3/`` and writes
 ``specheads/assets/<name>/manifest.json``: the base (package, file, sha256), the recipe and its data, the tokens the
@@ -20,6 +23,7 @@ import hashlib
 import json
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parents[1] / "specheads" / "assets"
@@ -31,17 +35,23 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _commands(name: str, run: Path, recipe: dict, config: str) -> list[str]:
+def _commands(name: str, run: Path, recipe: dict, config: str, stages: Sequence[str] = (), turns: int = 1) -> list[str]:
     """The commands that reproduce the shipped heads, from the recipe they were trained with: the distilled chats
     (rebuilt from the answers kept in ``data/<name>/responses`` where the repository holds them, else distilled
-    again; a prefix of the distillation's output when the recipe names ``distilled-N.jsonl``), the training run
-    (with its output folder when it is not the recipe file's), calibration and this script."""
+    again; a prefix of the distillation's output when the recipe names ``distilled-N.jsonl``, what follows its first N
+    records for ``distilled-after-N.jsonl``), the training runs (``stages``: recipes trained before this one, whose
+    heads it continues through ``train.init_from``; with its output folder when it is not the recipe file's),
+    calibration and this script. ``turns`` > 1: the distillation grew from first turns to conversations of that many
+    turns (``sharegpt_prompts.py --turns``), whose prompts file the rebuild reads too."""
     distilled = f"data/{name}/distilled.jsonl"
     prompts = f"data/{name}/sharegpt_prompts.jsonl"
-    commands = [f"python scripts/sharegpt_prompts.py --out {prompts}"]
     eval_paths = recipe.get("data", {}).get("eval_paths") or []
-    if eval_paths:
-        commands[0] += f" --heldout 160 --heldout-out data/{name}/heldout_prompts.jsonl"
+    heldout = f" --heldout 160 --heldout-out data/{name}/heldout_prompts.jsonl" if eval_paths else ""
+    commands = [f"python scripts/sharegpt_prompts.py --out {prompts}{heldout}"]
+    if turns > 1:
+        conversations = f"data/{name}/sharegpt_turns{turns}.jsonl"
+        commands.append(f"python scripts/sharegpt_prompts.py --turns {turns} --out {conversations}{heldout}")
+        prompts = f"{prompts} {conversations}"
     kept = ASSETS.parents[1] / "data" / name / "responses"
     if kept.is_dir():
         every = f"{prompts} data/{name}/heldout_prompts.jsonl" if eval_paths else prompts
@@ -51,17 +61,22 @@ def _commands(name: str, run: Path, recipe: dict, config: str) -> list[str]:
             commands.append(f"python scripts/distilled_shards.py unpack data/{name}/heldout-responses --base {name} "
                             f"--prompts {every} --out {eval_paths[0]}")  # fmt: skip
     else:
-        distill = f"specheads distill --base {name} --prompts {prompts} --out {distilled}"
-        commands.append(f"{distill} --max-new-tokens 256 --batch-size 32")
+        for file in prompts.split():
+            all_turns = " --all-turns" if file != prompts.split()[0] else ""
+            distill = f"specheads distill --base {name} --prompts {file}{all_turns} --out {distilled}"
+            commands.append(f"{distill} --max-new-tokens 256 --batch-size 32")
     for path in recipe.get("data", {}).get("paths") or []:
-        stem = Path(path).stem
-        if stem.startswith("distilled-") and stem.removeprefix("distilled-").isdigit():
-            commands.append(f"head -n {stem.removeprefix('distilled-')} {distilled} > {path}")
+        stem = Path(path).stem.removeprefix("distilled-")
+        if stem.isdigit():
+            commands.append(f"head -n {stem} {distilled} > {path}")
+        elif stem.startswith("after-") and stem.removeprefix("after-").isdigit():
+            commands.append(f"tail -n +{int(stem.removeprefix('after-')) + 1} {distilled} > {path}")
     train = f"specheads train --config {config}"
     if recipe.get("output", {}).get("dir") not in (None, str(run)):
         train += f" output.dir={run}"
     return [
         *commands,
+        *(f"specheads train --config {stage}" for stage in stages),
         train,
         f"specheads calibrate --config {config} --heads {run}/heads",
         f"python scripts/ship_named_heads.py {name} {run} --config {config}",
@@ -75,6 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--training", type=Path, help="JSON with further training facts to record (minutes, load)")
     parser.add_argument("--config", help="the recipe the run trained with (default: configs/NAME/eagle3.yaml)")
     parser.add_argument("--curve", type=Path, help="learning_curve.py's curve.json to record with the heads")
+    parser.add_argument(
+        "--stage",
+        action="append",
+        default=[],
+        help="a recipe trained before --config, whose heads it continues (train.init_from); repeat, in order",
+    )
+    parser.add_argument(
+        "--turns", type=int, default=1, help="the distillation grew to conversations of this many turns"
+    )
     args = parser.parse_args(argv)
     recipe_path = args.config or f"configs/{args.name}/eagle3.yaml"
 
@@ -138,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 | {"machine": tree.get("machine")},
                 "learning_curve": json.loads(args.curve.read_text())["points"] if args.curve else None,
-                "commands": _commands(args.name, args.run, recipe, recipe_path),
+                "stages": [_stage_facts(stage) for stage in args.stage],
+                "commands": _commands(args.name, args.run, recipe, recipe_path, args.stage, args.turns),
             }
         },
     }
@@ -153,6 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     temporary.replace(root / "manifest.json")
     print(f"shipped {target} ({size / 1e6:.2f} MB)")
     return 0
+
+
+def _stage_facts(config: str) -> dict:
+    """An earlier stage of the shipped heads: its recipe file, and its run's steps, tokens and held-out agreement."""
+    import yaml
+
+    output = Path(yaml.safe_load(Path(config).read_text())["output"]["dir"])
+    evaluation = output / "heads" / "eval.json"
+    agreement = json.loads(evaluation.read_text()).get("agreement_with_base_greedy") if evaluation.is_file() else None
+    return {"config": config, "training": _run_facts(output), "heldout_agreement_with_base_greedy_by_depth": agreement}
 
 
 def _run_facts(run: Path) -> dict:

@@ -1,0 +1,48 @@
+"""scripts/ship_named_heads.py: the commands a manifest records reproduce heads trained in stages on grown data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import load_script
+
+
+def _recipe(paths: list[str]) -> dict:
+    return {"data": {"paths": paths, "eval_paths": ["data/x/heldout.jsonl"]}, "output": {"dir": "runs/continued"}}
+
+
+def test_a_continued_run_on_grown_data_records_every_stage_in_order() -> None:
+    script = load_script("ship_named_heads")
+    commands = script._commands(
+        "smollm2-135m",  # its answers are kept in the repository: the chats are unpacked, not distilled again
+        Path("runs/continued"),
+        _recipe(["data/smollm2-135m/distilled-after-7849.jsonl"]),
+        "configs/continue.yaml",
+        stages=["configs/first.yaml"],
+        turns=2,
+    )
+    turns = "data/smollm2-135m/sharegpt_turns2.jsonl"
+    assert commands[1].startswith(f"python scripts/sharegpt_prompts.py --turns 2 --out {turns} --heldout 160")
+    unpack = next(c for c in commands if "unpack data/smollm2-135m/responses" in c)
+    assert (
+        f"--prompts data/smollm2-135m/sharegpt_prompts.jsonl {turns} data/smollm2-135m/heldout_prompts.jsonl" in unpack
+    )
+    tail = "tail -n +7850 data/smollm2-135m/distilled.jsonl > data/smollm2-135m/distilled-after-7849.jsonl"
+    trains = [c for c in commands if c.startswith("specheads train")]
+    assert trains == ["specheads train --config configs/first.yaml", "specheads train --config configs/continue.yaml"]
+    assert commands.index(tail) < commands.index(trains[0])
+
+
+def test_without_kept_answers_the_conversations_are_distilled_turn_by_turn_after_the_first_turns() -> None:
+    script = load_script("ship_named_heads")
+    commands = script._commands("other", Path("runs/x"), _recipe(["data/other/distilled-500.jsonl"]), "c.yaml", [], 2)
+    distills = [c for c in commands if c.startswith("specheads distill")]
+    assert [("--all-turns" in c, c.split("--prompts ")[1].split()[0]) for c in distills] == [
+        (False, "data/other/sharegpt_prompts.jsonl"),
+        (True, "data/other/sharegpt_turns2.jsonl"),
+    ]
+    assert "head -n 500 data/other/distilled.jsonl > data/other/distilled-500.jsonl" in commands
+    assert commands[-3:-1] == [
+        "specheads train --config c.yaml output.dir=runs/x",
+        "specheads calibrate --config c.yaml --heads runs/x/heads",
+    ]
