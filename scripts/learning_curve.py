@@ -13,7 +13,8 @@ tokens, one line per epoch).
 ``--one-pass RUN`` (repeatable) adds the evaluations of a finished or running one-epoch run (``train.epochs=1`` with
 ``log.eval_every``) as a line of its own: up to each evaluation every training token was new, so its tokens seen are
 its unique tokens. Those points come from one learning-rate schedule, read mid-way: they show what more unique data
-gives within one pass, not what a shorter run that finished its schedule would reach. ``--points CURVE_JSON``
+gives within one pass, not what a shorter run that finished its schedule would reach. A run that continued an
+earlier one-pass run's heads on new data (``train.init_from``) extends that run's line. ``--points CURVE_JSON``
 (repeatable) adds the points of an earlier ``curve.json`` (a run on another machine, or one whose folder is gone).
 With ``--one-pass`` or ``--points`` alone (``--records`` omitted) nothing is trained.
 
@@ -34,7 +35,7 @@ import torch
 from specheads.loading import load_tokenizer
 from specheads.training.config import RecipeConfig, load_config
 from specheads.training.data import build_dataset
-from specheads.training.trainer import EVALS, expand_data_paths, train
+from specheads.training.trainer import EVALS, FINAL_STATE, RUN_CONFIG, expand_data_paths, train
 
 
 def point_config(args: argparse.Namespace, records: int, steps_per_epoch: int | None = None) -> RecipeConfig:
@@ -92,26 +93,54 @@ def run_point(args: argparse.Namespace, records: int) -> list[dict[str, Any]]:
 
 
 def one_pass_points(run: Path) -> list[dict[str, Any]]:
-    """The evaluations of a one-epoch run, each a point whose unique tokens are the tokens it had seen."""
+    """The evaluations of a one-epoch run, each a point whose unique tokens are the tokens it had seen.
+
+    A run that continued the heads of an earlier one-epoch run on other data (``train.init_from`` naming that run's
+    ``heads``) continues its line: the earlier run's points come first, and this run's tokens count on from the
+    earlier run's last."""
+    earlier_run = _continued_run(run)
+    earlier = one_pass_points(earlier_run) if earlier_run is not None else []
+    offset = _tokens_trained(earlier_run) if earlier_run is not None else 0
     evaluations = {}
     for line in (run / EVALS).read_text().splitlines():
         record = json.loads(line)
         evaluations[record["step"]] = record
-    return [
+    name = f"one pass ({' + '.join(_chain(run))})"
+    return [{**point, "series": name} for point in earlier] + [
         {
             "records": None,
-            "series": f"one pass ({run.name})",
+            "series": name,
             "rows": None,
-            "unique_tokens": record["tokens_seen"],
+            "unique_tokens": offset + record["tokens_seen"],
             "unique_targets": record.get("targets_seen"),
             "epoch": 1,
             "step": record["step"],
-            "tokens_seen": record["tokens_seen"],
+            "tokens_seen": offset + record["tokens_seen"],
             "agreement": record["agreement_with_base_greedy"],
             "simulated_tau": record["simulated_tau"],
         }
         for record in sorted(evaluations.values(), key=lambda r: r["step"])
     ]
+
+
+def _continued_run(run: Path) -> Path | None:
+    """The run folder whose exported heads ``run`` started from (``train.init_from``), when it is a run folder."""
+    recorded = run / RUN_CONFIG
+    init = json.loads(recorded.read_text()).get("train", {}).get("init_from") if recorded.is_file() else None
+    return Path(init).parent if init and (Path(init).parent / EVALS).is_file() else None
+
+
+def _tokens_trained(run: Path) -> int:
+    """The tokens a finished run trained on (its final state; else its last evaluation's)."""
+    final = run / FINAL_STATE
+    if final.is_file() and "tokens_seen" in (state := json.loads(final.read_text())):
+        return int(state["tokens_seen"])
+    return int(json.loads((run / EVALS).read_text().splitlines()[-1])["tokens_seen"])
+
+
+def _chain(run: Path) -> list[str]:
+    earlier = _continued_run(run)
+    return [*(_chain(earlier) if earlier is not None else []), run.name]
 
 
 def series(point: dict[str, Any]) -> str:

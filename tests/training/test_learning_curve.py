@@ -43,3 +43,32 @@ def test_the_curve_trains_each_point_evaluates_each_epoch_and_resumes(tmp_path, 
     earlier = ["--points", str(curve / "curve.json"), "--one-pass", str(curve / "records-24")]
     both = load_script("learning_curve").main([*earlier, "--out", str(tmp_path / "b")])
     assert both == passed + points
+
+
+def _run(folder, tokens: list[int], agreement: float, init_from=None) -> None:
+    folder.mkdir()
+    tau = {"chain-3": 1.2, "tree-6": 1.3, "tree-16": 1.4}
+    evals = [
+        {
+            "step": 10 * (i + 1),
+            "tokens_seen": t,
+            "agreement_with_base_greedy": [agreement + i / 100],
+            "simulated_tau": tau,
+        }
+        for i, t in enumerate(tokens)
+    ]
+    (folder / "evals.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    (folder / "final_state.json").write_text(json.dumps({"step": 10 * len(tokens), "tokens_seen": tokens[-1] + 5}))
+    (folder / "run_config.json").write_text(json.dumps({"train": {"init_from": init_from}}))
+
+
+def test_a_run_that_continued_earlier_heads_extends_the_earlier_runs_line(tmp_path) -> None:
+    _run(tmp_path / "first", [100, 200], 0.3)
+    _run(tmp_path / "more", [40, 80], 0.5, init_from=str(tmp_path / "first" / "heads"))
+    points = load_script("learning_curve").main(["--one-pass", str(tmp_path / "more"), "--out", str(tmp_path / "o")])
+    assert [p["unique_tokens"] for p in points] == [100, 200, 245, 285]  # counted on from the first run's 205
+    assert [p["agreement"][0] for p in points] == [0.3, 0.31, 0.5, 0.51]
+    assert {p["series"] for p in points} == {"one pass (first + more)"}
+    _run(tmp_path / "fresh", [40], 0.5, init_from=str(tmp_path / "elsewhere" / "heads"))  # no run folder there
+    alone = load_script("learning_curve").main(["--one-pass", str(tmp_path / "fresh"), "--out", str(tmp_path / "f")])
+    assert [(p["unique_tokens"], p["series"]) for p in alone] == [(40, "one pass (fresh)")]
