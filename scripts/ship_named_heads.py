@@ -79,7 +79,9 @@ def _commands(name: str, run: Path, recipe: dict, config: str, stages: Sequence[
         *(f"specheads train --config {stage}" for stage in stages),
         train,
         f"specheads calibrate --config {config} --heads {run}/heads",
-        f"python scripts/ship_named_heads.py {name} {run} --config {config}",
+        f"python scripts/ship_named_heads.py {name} {run} --config {config}"
+        + "".join(f" --stage {stage}" for stage in stages)
+        + (f" --turns {turns}" if turns > 1 else ""),
     ]
 
 

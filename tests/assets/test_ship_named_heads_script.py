@@ -31,6 +31,7 @@ def test_a_continued_run_on_grown_data_records_every_stage_in_order() -> None:
     trains = [c for c in commands if c.startswith("specheads train")]
     assert trains == ["specheads train --config configs/first.yaml", "specheads train --config configs/continue.yaml"]
     assert commands.index(tail) < commands.index(trains[0])
+    assert commands[-1].endswith("--config configs/continue.yaml --stage configs/first.yaml --turns 2")
 
 
 def test_without_kept_answers_the_conversations_are_distilled_turn_by_turn_after_the_first_turns() -> None:
