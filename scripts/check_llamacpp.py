@@ -17,8 +17,14 @@ and BIN its ``llama-server``. The check:
    acceptance over the prompts is within ``--tolerance`` of specheads' chain acceptance at the same draft length, and
    (c) the wrong draft's acceptance is not (the check sees a wrong export, not only an unloadable one).
 
+For a named base the served model is its weights as specheads reads them: the named GGUF, dequantized to float32 by
+transformers, converted back into a float32 GGUF (``--served float32``, the default), so both engines decode the same
+text and (b) compares like with like. ``--served shipped`` serves the named file itself (a quantized GGUF is another
+model than its dequantized weights: its greedy text parts from transformers' within a few tokens on most prompts, and
+the two acceptance rates are then measured on different text).
+
 It also reports on how many prompts llama.cpp's greedy output equals transformers' (two engines' numerics may part at
-near-ties, and a quantized GGUF base differs from its dequantized weights) and writes everything to ``--out``.
+near-ties) and writes everything to ``--out``.
 Exit code 1 when an assertion fails.
 """
 
@@ -153,6 +159,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument(
+        "--served",
+        default="float32",
+        choices=("float32", "shipped"),
+        help="a named base served as a float32 GGUF of the weights specheads reads (default), or its shipped file",
+    )
     parser.add_argument("--out", type=Path, help="folder for the GGUF files, logs and summary (default: temporary)")
     parser.add_argument(
         "--distill-prompts", type=int, default=24, help="prompts for the distill --server check (0: skip)"
@@ -167,11 +179,12 @@ def main() -> int:
     base = load_causal_lm(args.base)
     tokenizer = load_tokenizer(args.base)
     heads_dir = args.heads or assets.shipped_heads(args.base)
-    summary: dict = {"base": args.base, "draft_n": args.draft_n, "threads": args.threads}
+    served = args.served if args.base in assets.NAMED_BASES else "float32"
+    summary: dict = {"base": args.base, "served": served, "draft_n": args.draft_n, "threads": args.threads}
 
     # 1. the base GGUF llama.cpp serves, our draft, the converter's draft from our eagle3 export
     start = time.perf_counter()
-    if args.base in assets.NAMED_BASES:
+    if args.base in assets.NAMED_BASES and args.served == "shipped":
         base_gguf = assets.named_gguf(args.base)
     else:
         base_gguf = work / "base-f32.gguf"
