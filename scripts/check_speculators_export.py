@@ -32,11 +32,18 @@ def main() -> None:
     parser.add_argument(
         "--prompts-file", help="JSONL prompts or 'mt-bench' (each turn as a one-message chat); default: bench prompts"
     )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="the base's dtype (default float32: both implementations compared in full precision; 'auto' would pick "
+        "bf16 for a GGUF on a CPU with bf16 units, and the two then round differently)",
+    )
     args = parser.parse_args()
     import speculators
 
     base_dir = str(Path(assets.resolve(args.base)).resolve())
-    base = load_causal_lm(args.base)
+    base = load_causal_lm(args.base, dtype=args.dtype)
     tokenizer = load_tokenizer(args.base)
     head = load_heads(args.heads or assets.shipped_heads(args.base), base)
     with tempfile.TemporaryDirectory() as tmp:
