@@ -1,154 +1,39 @@
 """Mutation check: inject one plausible bug at a time into a copy of the repository, run the tests meant to catch it.
 
-    python scripts/mutation_check.py [--only NAME[,NAME...]] [--list] [--keep]
+    python scripts/mutation_check.py [--only NAME[,NAME...]] [--list] [--keep] [--jobs N]
 
-Each mutation replaces one exact snippet of the package (the replacement must apply exactly once, so a refactor that
-moves the code makes the check fail loudly instead of testing nothing), then runs its tests in the copy with
-``pytest -x``. A mutation survives when those tests pass: the script exits 1 and names it. The copy holds the files
-of the working tree that git does not ignore and is installed nowhere: tests import the package from the copy's
-root (``PYTHONPATH``), with this interpreter and its packages.
+The mutations live in ``scripts/mutations/``, one module a place of the code. Each replaces one exact snippet of
+the package (the replacement must apply exactly once, so a refactor that moves the code makes the check fail loudly
+instead of testing nothing), then runs its tests in the copy with ``pytest -x``. A mutation is caught only when those
+tests fail **and** the tests that failed pass on an unmutated copy of the same tree: a test that fails for another
+reason (a missing package, a broken fixture) is not a catch. Anything else survives: the script exits 1 and names it.
+The copies hold the files of the working tree that git does not ignore and are installed nowhere: tests import the
+package from the copy's root (``PYTHONPATH``), with this interpreter and its packages. ``--jobs`` mutations run at
+once (default: one a core; the tests run on one thread each).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@dataclass(frozen=True)
-class Mutation:
-    name: str
-    what: str
-    path: str
-    old: str
-    new: str
-    tests: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutations import Mutation, all_mutations  # noqa: E402
 
-
-MUTATIONS = (
-    Mutation(
-        "greedy-extra-token",
-        "greedy acceptance takes one more draft token (the node's first child) after a partial accept",
-        "specheads/inference/acceptance.py",
-        "            return AcceptResult(path, wanted, [node_tokens[c] for c in path])",
-        "            if children and children[node] and path:\n"
-        "                path.append(children[node][0])\n"
-        "            return AcceptResult(path, wanted, [node_tokens[c] for c in path])",
-        ("tests/inference/test_decoder.py",),
-    ),
-    Mutation(
-        "tree-residual-unnormalised",
-        "tree rejection sampling: the residual is not renormalised after a rejected sibling",
-        "specheads/inference/acceptance.py",
-        "            residual = residual / total if total > 0 else p[node]",
-        "            residual = residual if total > 0 else p[node]",
-        ("tests/inference/test_acceptance.py", "tests/inference/test_sampling_invariant.py"),
-    ),
-    Mutation(
-        "resume-drops-optimizer-state",
-        "resume: one parameter's AdamW state is dropped after loading the checkpoint",
-        "specheads/training/trainer.py",
-        "    run.accelerator.load_state(str(checkpoint))\n",
-        "    run.accelerator.load_state(str(checkpoint))\n"
-        "    run.optimizer.optimizer.state.pop(next(iter(run.optimizer.optimizer.state)), None)\n",
-        ("tests/training/test_trainer.py::test_a_signal_finishes_the_step_checkpoints_and_resumes",),
-    ),
-    Mutation(
-        "export-fc-unpermuted",
-        "the eagle3/speculators export sorts the layer ids but leaves fc's column blocks in training order",
-        "specheads/methods/eagle/export.py",
-        '    state["fc.weight"] = torch.cat([blocks[i] for i in order], dim=1)',
-        '    state["fc.weight"] = torch.cat(list(blocks), dim=1)',
-        ("tests/methods/eagle/test_speculators_consumer.py",),
-        (("SPECHEADS_REQUIRE_SPECULATORS", "1"),),
-    ),
-    Mutation(
-        "draft-model-depth1-q",
-        "the draft model reports its first draft's distribution q for every draft depth",
-        "specheads/inference/drafters.py",
-        "                    probs[i].append(q[i])",
-        "                    probs[i].append(probs[i][0] if probs[i] else q[i])",
-        ("tests/inference/test_sampling_invariant.py", "tests/inference/test_batched.py"),
-    ),
-    Mutation(
-        "cache-loss-mask",
-        "the feature cache stores the attention mask as the loss mask (prompt tokens become targets)",
-        "specheads/training/features.py",
-        '        "loss_mask": columns["loss_mask"].to(torch.int8).contiguous(),',
-        '        "loss_mask": columns["attention_mask"].to(torch.int8).contiguous(),',
-        ("tests/training/test_features.py",),
-    ),
-    Mutation(
-        "cache-zero-features",
-        "the feature cache serves all-zero features",
-        "specheads/training/features.py",
-        "        return self._hidden[index].float()",
-        "        return self._hidden[index].float() * 0",
-        ("tests/training/test_features.py::test_heads_train_from_the_cache_as_with_the_base_in_the_loop",),
-    ),
-    Mutation(
-        "eagle-features-off-by-one",
-        "the EAGLE train step pairs token t + 1 with the base's feature of t - 1",
-        "specheads/methods/eagle/train.py",
-        "    features, out = context.base_features(batch, head.hidden_state_layers, full_logits=False)\n",
-        "    features, out = context.base_features(batch, head.hidden_state_layers, full_logits=False)\n"
-        "    features = [torch.roll(feature, 1, dims=1) for feature in features]\n",
-        (
-            "tests/training/test_training_quality.py::test_trained_heads_agree_with_the_base_far_more_than_untrained_ones[eagle3]",
-        ),
-    ),
-    Mutation(
-        "dspark-loss-weights-swapped",
-        "DSpark's loss weights swapped: 0.9 CE to the data + 0.1 L1 to the base",
-        "specheads/methods/dflash/train.py",
-        "        per_depth = 0.1 * data_ce + 0.9 * l1",
-        "        per_depth = 0.9 * data_ce + 0.1 * l1",
-        (
-            "tests/methods/dflash/test_dflash_trainer.py::test_the_dspark_loss_is_0_1_ce_plus_0_9_l1_plus_the_confidence_bce_by_hand",
-        ),
-    ),
-)
-
-
-# Guarantees added with the checks above, one mutation each.
-MUTATIONS += (
-    Mutation(
-        "contamination-ngrams-ignored",
-        "the leak check matches whole short prompts only: a copied evaluation question inside a longer turn passes",
-        "specheads/contamination.py",
-        "                name = self.ngrams.get(gram)",
-        "                name = None",
-        ("tests/test_contamination.py", "tests/training/test_data.py"),
-    ),
-    Mutation(
-        "simulated-tau-sums",
-        "simulated chain tau adds per-depth agreement instead of multiplying it along the chain",
-        "specheads/training/evaluate.py",
-        "        reach *= float(agreement_by_rank[depth][0])",
-        "        reach = float(agreement_by_rank[depth][0])",
-        ("tests/training/test_trainer.py::test_simulated_tau_by_hand",),
-    ),
-    Mutation(
-        "length-groups-unshuffled",
-        "length-grouped batches are served longest first every epoch instead of shuffled",
-        "specheads/training/trainer.py",
-        "        shuffled = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()] + tail",
-        "        shuffled = sorted(batches, key=lambda batch: -self.lengths[batch[0]]) + tail",
-        (
-            "tests/training/test_trainer.py::test_length_grouped_batches_hold_rows_of_similar_length_and_replay_per_epoch",
-        ),
-    ),
-)
+MUTATIONS = all_mutations()
 
 
 def copy_tree(destination: Path) -> None:
@@ -163,8 +48,40 @@ def copy_tree(destination: Path) -> None:
             shutil.copy2(source, target)
 
 
-def run_mutation(mutation: Mutation, keep: bool) -> tuple[bool, float, str]:
-    """(caught, seconds, the last lines of pytest's output)."""
+FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)")
+
+
+def pytest_run(workdir: Path, tests: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
+    """pytest's exit code and output for ``tests`` in ``workdir`` (stop at the first failure, failures listed)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", *tests],
+        cwd=workdir, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+def failed_tests(output: str) -> list[str]:
+    """The node ids (or files, for an error while collecting) pytest's summary names as failed or in error."""
+    ids = []
+    for line in output.splitlines():
+        match = FAILED_LINE.match(line.strip())
+        if match:
+            ids.append(match.group(1).split(" - ")[0])
+    return list(dict.fromkeys(ids))
+
+
+@dataclass
+class Verdict:
+    mutation: Mutation
+    caught: bool
+    seconds: float
+    detail: str
+
+
+def run_mutation(mutation: Mutation, pristine: Path, keep: bool) -> Verdict:
+    """Apply the mutation to a fresh copy, run its tests; a catch counts only if the tests that failed pass on
+    ``pristine`` (an unmutated copy): a test that fails for another reason (a missing package, a broken fixture)
+    proves nothing."""
     workdir = Path(tempfile.mkdtemp(prefix=f"mutation-{mutation.name}-"))
     try:
         copy_tree(workdir)
@@ -176,17 +93,23 @@ def run_mutation(mutation: Mutation, keep: bool) -> tuple[bool, float, str]:
                 f"{mutation.name}: the snippet occurs {count} times in {mutation.path}; update the mutation"
             )
         path.write_text(text.replace(mutation.old, mutation.new))
-        env = {**os.environ, "PYTHONPATH": str(workdir), "HF_HUB_OFFLINE": "1", **dict(mutation.env)}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **dict(mutation.env)}
         started = time.perf_counter()
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutation.tests],
-            cwd=workdir, env=env, capture_output=True, text=True,
-        )  # fmt: skip
+        code, output = pytest_run(workdir, mutation.tests, {**env, "PYTHONPATH": str(workdir)})
+        tail = "\n".join(output.strip().splitlines()[-4:])
+        if code == 0:
+            return Verdict(mutation, False, time.perf_counter() - started, tail)
+        failed = failed_tests(output)
+        if code not in (1, 2) or not failed:
+            raise SystemExit(f"{mutation.name}: pytest could not run the tests (exit {code}):\n{tail}")
+        # The proof: the same failing tests, on the unmutated tree.
+        control, control_output = pytest_run(pristine, failed, {**env, "PYTHONPATH": str(pristine)})
         seconds = time.perf_counter() - started
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-4:])
-        if done.returncode not in (0, 1):
-            raise SystemExit(f"{mutation.name}: pytest could not run the tests (exit {done.returncode}):\n{tail}")
-        return done.returncode == 1, seconds, tail
+        if control != 0:
+            control_tail = "\n".join(control_output.strip().splitlines()[-4:])
+            detail = f"failed with the mutation, and also WITHOUT it (not a catch): {' '.join(failed)}\n{control_tail}"
+            return Verdict(mutation, False, seconds, detail)
+        return Verdict(mutation, True, seconds, f"caught by {' '.join(failed)}")
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -197,6 +120,7 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated mutation names")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     parser.add_argument("--keep", action="store_true", help="keep the mutated copies (their paths are printed)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutations run at once (default: cores)")
     args = parser.parse_args()
     chosen = MUTATIONS
     if args.only:
@@ -209,15 +133,27 @@ def main() -> int:
         for mutation in chosen:
             print(f"{mutation.name}: {mutation.what} ({mutation.path}; tests: {' '.join(mutation.tests)})")
         return 0
+    started = time.perf_counter()
+    pristine = Path(tempfile.mkdtemp(prefix="mutation-pristine-"))
     survivors = []
-    for mutation in chosen:
-        caught, seconds, tail = run_mutation(mutation, args.keep)
-        verdict = "caught" if caught else "SURVIVED"
-        print(f"{verdict:8} {seconds:6.1f} s  {mutation.name}: {mutation.what}", flush=True)
-        if not caught:
-            survivors.append(mutation.name)
-            print("         " + tail.replace("\n", "\n         "), flush=True)
-    print(f"{len(chosen) - len(survivors)} of {len(chosen)} mutations caught")
+    try:
+        copy_tree(pristine)
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            for verdict in pool.map(lambda m: run_mutation(m, pristine, args.keep), chosen):
+                word = "caught" if verdict.caught else "SURVIVED"
+                print(
+                    f"{word:8} {verdict.seconds:6.1f} s  {verdict.mutation.name}: {verdict.mutation.what}", flush=True
+                )
+                print("         " + verdict.detail.replace("\n", "\n         "), flush=True)
+                if not verdict.caught:
+                    survivors.append(verdict.mutation.name)
+    finally:
+        shutil.rmtree(pristine, ignore_errors=True)
+    minutes = (time.perf_counter() - started) / 60
+    print(
+        f"{len(chosen) - len(survivors)} of {len(chosen)} mutations caught, each proven on the unmutated tree "
+        f"({minutes:.1f} min, {args.jobs} at once)"
+    )
     return 1 if survivors else 0
 
 
