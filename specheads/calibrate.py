@@ -52,7 +52,8 @@ def choose_tree(
     fixed_ms: float = 0.0,
     depth_ms: float = 0.0,
 ) -> CalibratedTree:
-    """The tree size that maximises expected tokens per second.
+    """The tree size that maximises expected tokens per second; of sizes that tie, the smallest (the same speed for
+    less verify work).
 
     Args:
         agreement_by_rank: ``[K][R]`` probabilities (see module docstring).
