@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,9 @@ def run_point(args: argparse.Namespace, records: int) -> list[dict[str, Any]]:
     """Train (or resume, or read) one point; its evaluations, one per epoch."""
     config = point_config(args, records)
     rows, tokens, targets = training_rows(config)
-    per_process = config.train.batch_size * config.train.grad_accumulation
-    steps_per_epoch = max(1, rows // per_process)
+    batches = rows // config.train.batch_size  # the loader drops a last short batch
+    # as the trainer counts: an epoch's left-over micro-batches make one more step
+    steps_per_epoch = max(1, math.ceil(batches / config.train.grad_accumulation))
     config = point_config(args, records, steps_per_epoch)
     train(config)
     lines = (Path(config.output.dir) / EVALS).read_text().splitlines()

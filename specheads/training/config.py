@@ -63,7 +63,7 @@ class TrainConfig:
     steps: int | None = None  # optimizer steps; when None, epochs decide. Raised, a finished run continues
     epochs: float = 1.0
     batch_size: int = 8  # per process, per micro-batch
-    grad_accumulation: int = 1
+    grad_accumulation: int = 1  # micro-batches per optimizer step, which follows the mean of their losses
     warmup_steps: int = 0
     schedule: str = "cosine"  # cosine | linear | constant
     max_grad_norm: float = 1.0

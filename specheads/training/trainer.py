@@ -199,9 +199,10 @@ def setup(config: RecipeConfig) -> Run:
         raise ConfigError(f"the data gives {len(dataset)} rows, fewer than one batch of {config.train.batch_size}")
     optimizer = torch.optim.AdamW(_param_groups(config, base, heads), weight_decay=config.train.weight_decay)
     batches_per_epoch = math.ceil(len(dataloader) / accelerator.num_processes)  # per process, after prepare
-    total_steps = config.train.steps or max(
-        1, int(config.train.epochs * batches_per_epoch / config.train.grad_accumulation)
-    )
+    # An epoch's micro-batches left over after its last full accumulation make one more step (Accelerate syncs at the
+    # end of the data loader): counted, or the last epoch would end early and never see its last rows.
+    steps_per_epoch = math.ceil(batches_per_epoch / config.train.grad_accumulation)
+    total_steps = config.train.steps or max(1, int(config.train.epochs * steps_per_epoch))
     scheduler = get_scheduler(
         config.train.schedule, optimizer, num_warmup_steps=config.train.warmup_steps, num_training_steps=total_steps
     )
@@ -614,7 +615,13 @@ def step_context(run: Run, log_metrics: bool) -> StepContext:
 def train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     """One micro-batch: the method's loss (``run.train_step`` with this micro-batch's :func:`step_context`),
     its backward and, at the end of an accumulation, the clipped optimizer step. Returns ``loss`` and the method's
-    metrics (its costly ones only on steps that log, ``log.every`` and the last)."""
+    metrics (its costly ones only on steps that log, ``log.every`` and the last).
+
+    Accumulation (``train.grad_accumulation`` = N): Accelerate's backward divides every micro-batch's loss by N, so a
+    step of N micro-batches follows the gradient of the mean of their losses. An epoch's micro-batches left over
+    after its last full accumulation (fewer than N) make a step of their own at the epoch's end, each loss still
+    divided by N (the step's gradient is that of their summed losses over N: a missing micro-batch counts as a zero
+    loss)."""
     log_metrics = (run.step + 1) % run.config.log.every == 0 or run.step + 1 == run.total_steps
     result = run.train_step(step_context(run, log_metrics), batch)
     loss = result.loss
