@@ -50,6 +50,23 @@ def test_prompt_texts_reads_every_record_shape_and_only_user_turns():
     assert sorted(prompt_texts(record)) == sorted(["raw", "first", "second", "asked", "user said"])
 
 
+def test_every_user_turn_is_screened_on_both_sides():
+    """Evaluation sets ask follow-ups (MT-Bench's second turns are prompts too) and chats copy them in any user turn:
+    an index of a two-turn record knows its second turn, and a conversation whose later user turn copies it matches,
+    in either conversation shape."""
+    follow_up = "Now rewrite your answer as a limerick about a lighthouse keeper who counts each passing ship at night."
+    index = EvaluationIndex()
+    index.add("evalset", prompt_texts({"turns": ["What is two plus two?", follow_up]}))
+    sharegpt = [{"from": "human", "value": "Hello there"}, {"from": "gpt", "value": "Hi."}]
+    sharegpt += [{"from": "human", "value": "Thanks! " + follow_up}, {"from": "gpt", "value": "Done."}]
+    assert index.match(prompt_texts({"conversations": sharegpt})) == "evalset"
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    messages += [{"role": "user", "content": "And?"}, {"role": "assistant", "content": "Yes"}]
+    messages += [{"role": "user", "content": follow_up.upper()}]
+    assert index.match(prompt_texts({"messages": messages})) == "evalset"
+    assert index.match(prompt_texts({"messages": messages[:-1]})) is None  # the copy, not the conversation, matches
+
+
 def test_extra_files_are_indexed_and_a_missing_one_is_an_error(tmp_path):
     path = tmp_path / "bench.jsonl"
     own = "Write a limerick about a speculative decoder that drafts eight tokens and keeps every one of them"

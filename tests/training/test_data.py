@@ -164,6 +164,42 @@ def test_sharegpt_loss_mask_covers_exactly_assistant_content_and_end_marker(tmp_
     assert not any(row["loss_mask"][length:])
 
 
+ANSWER_CHARACTERS = set("bcdfghklopqwxz")  # in no role header or end marker of the templates below
+MULTI_TURN = [("system", "12"), ("user", "345"), ("assistant", "bdfh"), ("user", "6789"), ("assistant", "kop")]
+MULTI_TURN += [("user", "90"), ("assistant", "qwxz"), ("user", "11"), ("assistant", "cgl")]
+MULTI_TURN_TEMPLATES = {
+    "chatml": CHATML,
+    "plain": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}",
+    "system-in-first-instruction": "{% for m in messages %}{% if m['role'] == 'system' %}[SYS] {{ m['content'] }} "
+    "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]{% else %} {{ m['content'] }} [END]\n{% endif %}"
+    "{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("template", MULTI_TURN_TEMPLATES)
+def test_every_assistant_turn_of_a_long_chat_is_a_target_and_no_user_or_system_token_is(
+    tmp_path, chat_tokenizer, template
+):
+    """User and system contents are digits, answers letters that no header writes: every answer token is a target,
+    no digit is, and each answer is its own span (its content, then the same end marker for every turn)."""
+    conversation = [{"from": {"user": "human", "assistant": "gpt"}.get(role, role), "value": text}
+                    for role, text in MULTI_TURN]  # fmt: skip
+    write_jsonl(tmp_path / "chat.jsonl", [{"conversations": conversation}])
+    config = DataConfig(
+        paths=[str(tmp_path)], format="sharegpt", max_length=160, chat_template=MULTI_TURN_TEMPLATES[template]
+    )
+    (row,) = build_dataset(config, chat_tokenizer).to_list()
+    tokens = [chat_tokenizer.decode([token]) for token in row["input_ids"]]
+    flags = dict.fromkeys(row["loss_mask"][i] for i, token in enumerate(tokens) if token in ANSWER_CHARACTERS)
+    assert list(flags) == [1]  # every answer token is a target
+    assert not any(flag for token, flag in zip(tokens, row["loss_mask"], strict=True) if token.isdigit())
+    answers = [text for role, text in MULTI_TURN if role == "assistant"]
+    spans = masked_spans(chat_tokenizer, row)
+    assert len(spans) == len(answers) and all(span.startswith(a) for span, a in zip(spans, answers, strict=True))
+    assert len({span.removeprefix(answer) for span, answer in zip(spans, answers, strict=True)}) == 1
+
+
 def test_sharegpt_role_content_json_list_matches_from_value_jsonl(tmp_path, chat_tokenizer):
     write_jsonl(tmp_path / "a" / "chat.jsonl", [{"conversations": CONVERSATION}])
     write(tmp_path / "b" / "chat.json", json.dumps([{"conversations": MESSAGES}], indent=2))
@@ -356,6 +392,21 @@ def test_records_copying_an_evaluation_prompt_or_repeating_one_are_dropped_and_c
         paths=[str(tmp_path / "data")], format="sharegpt", max_length=256, decontaminate=False, deduplicate=False
     )
     assert len(build_dataset(kept, chat_tokenizer)) == 4
+
+
+def test_a_chat_copying_an_evaluation_prompt_in_a_later_user_turn_is_dropped_and_counted(
+    tmp_path, chat_tokenizer, caplog
+):
+    """The copy is the evaluation set's second turn (MT-Bench asks two) and the chat's third user turn."""
+    bench = write_jsonl(tmp_path / "bench" / "questions.jsonl", [{"id": 1, "turns": ["What is 2 + 2?", LEAKED]}])
+    turns = ["Hello", "Hi.", "Tell me a joke", "No.", "Thanks. " + LEAKED, "Aloha."]
+    later = {"conversations": [{"from": ("human", "gpt")[i % 2], "value": text} for i, text in enumerate(turns)]}
+    write_jsonl(tmp_path / "data" / "chat.jsonl", [chat("Tell me a joke", "No."), later, chat("Hello", "Hi.")])
+    config = DataConfig(paths=[str(tmp_path / "data")], format="sharegpt", max_length=64, exclude_prompts=[str(bench)])
+    with caplog.at_level("WARNING"):
+        rows = build_dataset(config, chat_tokenizer)
+    assert [masked_spans(chat_tokenizer, row) for row in rows] == [["No.<|im_end|>"], ["Hi.<|im_end|>"]]
+    assert "1 records dropped: 1 copy evaluation prompts (" in caplog.text and "questions.jsonl x1)" in caplog.text
 
 
 def test_held_out_chats_are_evaluated_although_training_excludes_their_prompts(tmp_path, chat_tokenizer) -> None:

@@ -353,6 +353,25 @@ def test_prompts_that_copy_an_evaluation_set_are_skipped_and_counted(setup, tmp_
     assert len(read(everything)) == len(PROMPTS)
 
 
+def test_a_prompt_whose_later_turn_copies_an_evaluation_prompt_is_skipped_and_counted(tmp_path, capsys) -> None:
+    """A "turns" record is screened turn by turn: a copy in its second turn (asked with --all-turns) skips it. Here
+    every prompt copies, so the command stops before loading any model (the folder holds only a tokenizer)."""
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(tmp_path / "tokenizer-only")
+    leaked = "Explain in four short sentences why the night sky over a quiet desert looks darker than over a city."
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"turns": ["What is 2 + 2?", leaked]}) + "\n")
+    records = [{"id": "first", "turns": ["Say: " + leaked]}, {"id": "later", "turns": ["def f", "x " + leaked]}]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(record) + "\n" for record in records))
+    args = ["distill", "--base", str(tmp_path / "tokenizer-only"), "--prompts", str(prompts), "--all-turns"]
+    assert main([*args, "--out", str(tmp_path / "out.jsonl"), "--exclude-prompts", str(bench)]) == 2
+    err = capsys.readouterr().err
+    assert f"2 prompts skipped: they copy evaluation prompts ({bench} x2)" in err and "every prompt copies" in err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_all_turns_asks_each_turn_after_the_base_own_answers(setup, tmp_path) -> None:
     """--all-turns: a "turns" record's turn k is the base's greedy answer to the conversation of its turns 1..k with
     its own earlier answers, rows of one batch at different turns; one record per conversation."""

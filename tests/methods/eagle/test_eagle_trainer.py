@@ -291,6 +291,30 @@ def test_held_out_evaluation_runs_on_the_device_with_batches_from_a_cpu_loader()
     assert eagle_agreement(base, eagle, batches, max_batches=1)["positions"][0] > 0
 
 
+def test_the_draft_vocabulary_holds_the_answer_tokens_of_chat_data_not_the_prompt_tokens(tmp_path) -> None:
+    """The draft predicts answers: on chats whose long prompts use digits the short answers never do, a draft
+    vocabulary as large as the answers' alphabet (with the end marker they also predict) is exactly that alphabet."""
+    from chat_helpers import CHATML
+    from helpers import tiny_tokenizer
+
+    from specheads.methods.eagle.config import EagleHeadsConfig
+    from specheads.methods.eagle.train import build_heads
+    from specheads.training.config import DataConfig
+    from specheads.training.data import build_dataset
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
+    tokenizer.chat_template = CHATML
+    answers = ["ab", "ba", "abba", "b", "aab", "bab"]
+    chats = [[{"from": "human", "value": f"{n}0123456789" * 3}, {"from": "gpt", "value": answer}]
+             for n, answer in enumerate(answers)]  # fmt: skip
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps({"conversations": chat}) + "\n" for chat in chats))
+    dataset = build_dataset(DataConfig(paths=[str(tmp_path)], format="sharegpt", max_length=64), tokenizer)
+    base = tiny_model("llama", seed=1, layers=4, vocab_size=len(tokenizer))
+    head = build_heads(base, EagleHeadsConfig(version=3, draft_vocab_size=3), dataset)
+    assert tokenizer.convert_ids_to_tokens(head.draft_token_ids().tolist()) == ["a", "b", "<|im_end|>"]
+
+
 # ------------------------------------------------------------------------------------ throughput: teacher, bf16
 def test_the_draft_vocabulary_teacher_is_the_full_teachers_distribution_renormalised() -> None:
     from specheads.methods.eagle.losses import eagle_loss
