@@ -63,6 +63,8 @@ class CheckReport:
         return problems
 
     def render(self) -> str:
+        """The shared problems, then one verdict per engine: an engine "loads" the directory only when neither its
+        own checks nor the shared ones (tensors, ids, an unreadable file) found a problem."""
         lines = [f"{self.directory}: {self.format or 'unknown'} layout"]
         lines += [f"  problem: {p}" for p in self.problems]
         for verdict in self.verdicts:
@@ -70,6 +72,8 @@ class CheckReport:
                 lines.append(f"  {verdict.engine}: not targeted ({verdict.note})")
             elif verdict.problems:
                 lines += [f"  {verdict.engine}: problem: {p}" for p in verdict.problems]
+            elif self.problems:
+                lines.append(f"  {verdict.engine}: would not serve it correctly (the problems above)")
             else:
                 lines.append(f"  {verdict.engine}: loads" + (f" ({verdict.note})" if verdict.note else ""))
         lines.append("ok" if self.ok else f"{len(self.all_problems())} problem(s)")

@@ -291,6 +291,30 @@ def test_cli_export_and_check(base, trained, tmp_path, capsys) -> None:
     assert "eagle3 format holds EAGLE-3 heads" in capsys.readouterr().err
 
 
+def _verdicts(printed: str) -> dict[str, list[str]]:
+    """``export --check``'s lines per engine (``  engine: ...``), the shared ``problem:`` lines left out."""
+    verdicts: dict[str, list[str]] = {}
+    for line in printed.splitlines():
+        engine, colon, verdict = line.strip().partition(": ")
+        if line.startswith("  ") and colon and engine != "problem":
+            verdicts.setdefault(engine, []).append(verdict)
+    return verdicts
+
+
+def test_check_gives_each_engine_one_verdict_that_agrees_with_the_shared_problems(base, tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    export_heads(EagleHead.from_base(base, version=3), out, "eagle3", base_model=base)
+    assert main(["export", "--check", str(out)]) == 0
+    targeted = {e: v for e, v in _verdicts(capsys.readouterr().out).items() if not v[0].startswith("not targeted")}
+    assert len(targeted) >= 2 and all(len(v) == 1 and v[0].startswith("loads") for v in targeted.values())
+    _mutate(out, lambda t: t.pop("fc.weight"))  # a problem of every engine's: none may still say "loads"
+    assert main(["export", "--check", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "  problem: missing tensor fc.weight" in printed
+    verdicts, spoiled = _verdicts(printed), ["would not serve it correctly (the problems above)"]
+    assert {engine: verdicts[engine] for engine in targeted} == dict.fromkeys(targeted, spoiled)
+
+
 def test_the_shipped_default_heads_export_for_every_eagle3_engine(tmp_path, capsys) -> None:
     for format in ("eagle3", "speculators"):
         argv = [
