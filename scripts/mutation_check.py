@@ -48,7 +48,7 @@ def copy_tree(destination: Path) -> None:
             shutil.copy2(source, target)
 
 
-FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)")
+FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$")  # an id may hold spaces: "test[a b]"
 
 
 def pytest_run(workdir: Path, tests: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
@@ -66,7 +66,7 @@ def failed_tests(output: str) -> list[str]:
     for line in output.splitlines():
         match = FAILED_LINE.match(line.strip())
         if match:
-            ids.append(match.group(1).split(" - ")[0])
+            ids.append(match.group(1))
     return list(dict.fromkeys(ids))
 
 
