@@ -26,13 +26,15 @@ import re
 import shutil
 import socket
 import struct
+import sys
 import tempfile
 from pathlib import Path
+
+from specheads.extras import install_hint
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)  # version 1 counted in 32 bits; transformers reads 2 and 3
 MARKER = "specheads_gguf.json"
-INSTALL_GGUF = 'pip install "specheads[gguf]"  (or: pip install gguf)'
 
 
 class GGUFError(ValueError):
@@ -64,7 +66,7 @@ def file_sha256(path: str | Path) -> str:
 
 
 def converted_folder(path: str | Path, cache_dir: str | Path | None = None) -> Path:
-    """The transformers folder for a GGUF file, converting it on first use.
+    """The transformers folder for a GGUF file, converting it on first use (each step said on stderr).
 
     Args:
         path: the ``.gguf`` file.
@@ -88,6 +90,7 @@ def converted_folder(path: str | Path, cache_dir: str | Path | None = None) -> P
     _remove_abandoned(root, digest)
     staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(digest)}{os.getpid()}.", dir=root))
     staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the cache is shared like transformers' own
+    _say(f"converting {path.name} into a transformers folder, {target} (once: later uses load that folder)")
     try:
         _convert(path, staging)
         record = {"source": str(path), "sha256": digest, "quantized": bool(weight_types - _PLAIN_TYPES)}
@@ -100,6 +103,11 @@ def converted_folder(path: str | Path, cache_dir: str | Path | None = None) -> P
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _say(step: str) -> None:
+    """One line on stderr about a conversion (once per file, but minutes for a 1.5B base: not a silent wait)."""
+    print(f"specheads: {step}", file=sys.stderr, flush=True)
 
 
 def _staging_prefix(digest: str) -> str:
@@ -158,7 +166,7 @@ def _check_header(path: Path) -> None:
     try:
         import gguf  # noqa: F401
     except ImportError:
-        raise GGUFError(f"reading {path} needs the gguf package: {INSTALL_GGUF}") from None
+        raise GGUFError(f"reading {path} needs the gguf package: {install_hint('gguf')}") from None
 
 
 # GGUF metadata value types: the fixed-size ones by struct format, then string (8) and array (9).
@@ -306,7 +314,9 @@ def _convert(path: Path, out_dir: Path) -> None:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # transformers warns about every GGUF load; the conversion happens once
     try:
+        _say("dequantizing the tensors to float32")  # transformers' own bar follows
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        _say("reading the tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except Exception as error:  # the gguf reader raises ValueError, struct.error, IndexError, ... on bad files
         raise GGUFError(f"{path} could not be read as a GGUF model (truncated or corrupt?): {error}") from error
@@ -323,6 +333,7 @@ def _convert(path: Path, out_dir: Path) -> None:
     plain.tie_weights()
     plain.config.name_or_path = str(path)
     plain.generation_config = loaded.generation_config
+    _say("saving the float32 model")
     plain.save_pretrained(out_dir)
     tokenizer.model_max_length = getattr(config, "max_position_embeddings", tokenizer.model_max_length)
     tokenizer.save_pretrained(out_dir)

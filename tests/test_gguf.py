@@ -253,6 +253,21 @@ def test_the_cache_is_reused_and_a_changed_file_gets_a_new_folder(written, token
         assert torch.equal(load_causal_lm(str(second))(prompt).logits, other(prompt).logits)
 
 
+def test_a_conversion_says_each_step_on_stderr_and_a_reuse_says_nothing(written, tmp_path, capsys) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(written["tied"][1].read_bytes())
+    target = Path(assets.resolve(str(path)))
+    steps = [line for line in capsys.readouterr().err.splitlines() if line.startswith("specheads: ")]
+    assert steps == [
+        f"specheads: converting model.gguf into a transformers folder, {target} (once: later uses load that folder)",
+        "specheads: dequantizing the tensors to float32",
+        "specheads: reading the tokenizer",
+        "specheads: saving the float32 model",
+    ]
+    assert Path(assets.resolve(str(path))) == target
+    assert capsys.readouterr().err == ""
+
+
 def test_a_failed_conversion_leaves_no_complete_looking_folder(written, monkeypatch, cache) -> None:
     path = written["tied"][1]
     real = gguf._convert

