@@ -27,6 +27,8 @@ TREES_DIR = Path(__file__).resolve().parents[1] / "trees"
 _CHAIN_RE = re.compile(r"^chain-(\d+)$")
 _DYNAMIC_RE = re.compile(r"^dynamic-(\d+)-(\d+)-(\d+)$")
 _BLOCK_RE = re.compile(r"^ddtree-(\d+)$")
+# How a grown kind (a registry entry's ``grows``) names its size too, as _DYNAMIC_RE and _BLOCK_RE read it.
+_SIZED_FORMS = {"dynamic": "dynamic-K-D-N", "ddtree": "ddtree-N"}
 
 Choices = tuple[tuple[int, ...], ...]
 
@@ -322,8 +324,7 @@ def _load_tree_file(text: str) -> list:
     candidates = [Path(text)] if looks_like_path else [TREES_DIR / f"{text}.json"]
     path = next((p for p in candidates if p.is_file()), None)
     if path is None:
-        known = sorted(p.stem for p in TREES_DIR.glob("*.json")) if TREES_DIR.is_dir() else []
-        raise TreeError(f"unknown tree {text!r}: not 'chain-K', not a file, not one of {known}")
+        raise TreeError(f"unknown tree {text!r}; {tree_forms()}")
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
@@ -336,6 +337,22 @@ def _load_tree_file(text: str) -> list:
 def available_trees() -> list[str]:
     """Names of the tree files shipped in the package (``specheads/trees/``)."""
     return sorted(p.stem for p in TREES_DIR.glob("*.json")) if TREES_DIR.is_dir() else []
+
+
+def tree_forms() -> str:
+    """Every form a ``tree=`` value takes, in words, for the error that refuses an unknown one: read from the
+    shipped tree files and from the registry (the kinds each method's drafter grows), so a new one is listed."""
+    from specheads.registry import HEAD_TYPES, methods_growing
+
+    grown = dict.fromkeys(kind for entry in HEAD_TYPES.values() for kind in entry.grows)
+    forms = [
+        f"'{kind}'" + (f" / '{_SIZED_FORMS[kind]}'" if kind in _SIZED_FORMS else "") + f" ({methods_growing(kind)})"
+        for kind in grown
+    ]
+    return (
+        f"a tree is 'chain-K', a tree JSON file, a shipped tree {available_trees()}, 'auto' (the tree calibrated for "
+        f"the heads) or a tree grown while decoding: {', '.join(forms)}"
+    )
 
 
 def grow_tree(agreement_by_rank: Sequence[Sequence[float]], max_nodes: int) -> list[tuple[tuple[int, ...], float]]:

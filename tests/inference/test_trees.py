@@ -140,6 +140,26 @@ def test_malformed_trees_raise(spec: object, message: str) -> None:
         resolve_tree(spec)
 
 
+def test_an_unknown_tree_names_every_form_a_tree_takes(monkeypatch) -> None:
+    """The refusal lists chains, files, the shipped trees, 'auto' and every kind a method's drafter grows, read from
+    the registry: a kind a method adds is listed with the method, none is left out."""
+    from dataclasses import replace
+
+    from specheads.inference.trees import available_trees
+    from specheads.registry import HEAD_TYPES
+
+    with pytest.raises(TreeError) as error:
+        resolve_tree("no-such-tree")
+    message = str(error.value)
+    grown = {kind for entry in HEAD_TYPES.values() for kind in entry.grows}
+    assert grown >= {"dynamic", "ddtree"} and available_trees()
+    for form in ["chain-K", "auto", "dynamic-K-D-N", "ddtree-N", *grown, *available_trees()]:
+        assert f"'{form}'" in message, form
+    monkeypatch.setitem(HEAD_TYPES, "medusa", replace(HEAD_TYPES["medusa"], grows=("sprouted",)))
+    with pytest.raises(TreeError, match=r"'sprouted' \(\['medusa'\]\)"):
+        resolve_tree("no-such-tree")
+
+
 def test_json_file_without_choices_raises(tmp_path) -> None:
     path = tmp_path / "tree.json"
     path.write_text(json.dumps({"paths": [[0]]}))
