@@ -41,6 +41,7 @@ def load_causal_lm(
         path = assets.resolve(str(model), role=role)
         if str(path).startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
             raise FileNotFoundError(f"the {role} model folder {path} does not exist")
+        _check_hub_name(str(model), path)
         with _loading_bar(path), _unknown_name(str(model), path):
             loaded = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(path, dtype, device))
     if device is not None:
@@ -139,8 +140,63 @@ def load_tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTraine
     if isinstance(tokenizer, PreTrainedTokenizerBase):
         return tokenizer
     path = assets.resolve(str(tokenizer))
+    _check_hub_name(str(tokenizer), path)
     with _unknown_name(str(tokenizer), path):
         return AutoTokenizer.from_pretrained(path)
+
+
+def _hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` set now, or when huggingface_hub read it at import (it then refuses every request)."""
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or constants.HF_HUB_OFFLINE
+
+
+def _not_a_model(name: str, hub: str) -> ValueError:
+    """The one-line error for a name that is no local folder, no .gguf file, no named base and, as a hub id,
+    cannot be served (``hub`` says why)."""
+    import difflib
+
+    named = [*assets.NAMED_BASES, "default"]
+    close = difflib.get_close_matches(name, named, n=1)
+    return ValueError(
+        f"{name!r} is neither a local folder, a .gguf file nor a named base"
+        + (f" (did you mean {close[0]!r}?)" if close else "")
+        + f"; named bases: {', '.join(named)}; as a hub id, {hub}"
+    )
+
+
+def _check_hub_name(name: str, path: str | Path) -> None:
+    """Fail fast, in one line, for a name that can only be a hub id the hub cannot serve now.
+
+    transformers asks the hub for a file it has not cached, and when the hub cannot be reached, huggingface_hub
+    retries with backoff for about a minute before the error. Here one request, without retries, decides: a name
+    that is no valid hub id, a hub that is offline (``HF_HUB_OFFLINE``) or unreachable, or a hub without that
+    model is a :class:`ValueError` at once. A local folder, and a hub id cached before, are left to transformers
+    (which serves the cached files offline).
+    """
+    if Path(path).expanduser().exists():
+        return
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.errors import EntryNotFoundError, HFValidationError, RepositoryNotFoundError
+
+    repo_id = str(path)
+    try:
+        cached = [try_to_load_from_cache(repo_id, file) for file in ("config.json", "tokenizer_config.json")]
+    except HFValidationError as error:
+        raise _not_a_model(name, f"it is not valid ({error})") from None
+    if any(isinstance(file, str) for file in cached):
+        return
+    if _hub_offline():
+        raise _not_a_model(name, "the hub is offline (HF_HUB_OFFLINE) and it is not in the cache")
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=10)  # one request, no retries
+    except EntryNotFoundError:  # the repository is there; transformers says what it lacks
+        return
+    except RepositoryNotFoundError:
+        raise _not_a_model(name, "the hub has no such model (or it is private or gated: hf auth login)") from None
+    except Exception as error:  # the network's errors (httpx's, by huggingface_hub version) and the hub's own
+        raise _not_a_model(name, f"the hub could not be reached ({type(error).__name__}: {error})") from None
 
 
 @contextmanager
@@ -152,17 +208,8 @@ def _unknown_name(name: str, path: str | Path) -> Iterator[None]:
     except OSError as error:
         if Path(path).expanduser().exists():
             raise
-        import difflib
-
-        named = [*assets.NAMED_BASES, "default"]
-        close = difflib.get_close_matches(name, named, n=1)
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-        hub = "the hub is offline (HF_HUB_OFFLINE)" if offline else f"the hub could not serve it ({error})"
-        raise ValueError(
-            f"{name!r} is neither a local folder, a .gguf file nor a named base"
-            + (f" (did you mean {close[0]!r}?)" if close else "")
-            + f"; named bases: {', '.join(named)}; as a hub id, {hub}"
-        ) from None
+        hub = "the hub is offline (HF_HUB_OFFLINE)" if _hub_offline() else f"the hub could not serve it ({error})"
+        raise _not_a_model(name, hub) from None
 
 
 def check_same_tokenizer(
