@@ -23,14 +23,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from specheads import SpecDecoder, assets
-from specheads.heads.loading import heads_path
-from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.prompts import load_prompts
-from specheads.training.distill import DistillResult, distill
+if TYPE_CHECKING:
+    from specheads.training.distill import DistillResult
 
 
 def parse_args() -> argparse.Namespace:
@@ -58,6 +54,10 @@ def parse_args() -> argparse.Namespace:
 
 def timed_distill(out: Path, **kwargs) -> tuple[float, DistillResult]:
     """Wall time of one distill call (appending to ``out``: the prompts it already holds are skipped)."""
+    import torch
+
+    from specheads.training.distill import distill
+
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -116,6 +116,14 @@ def bench_batch_size(batch_size: int, rounds: int, directory: Path, plain: dict,
 
 def main() -> None:
     args = parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    import torch
+
+    from specheads import SpecDecoder, assets
+    from specheads.heads.loading import heads_path
+    from specheads.loading import load_causal_lm, load_tokenizer
+    from specheads.prompts import load_prompts
+
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts_path = args.prompts or (assets.prompts_path() if args.base == "default" else None)

@@ -16,18 +16,17 @@ import json
 import platform
 import statistics
 import time
+from typing import TYPE_CHECKING
 
-import torch
-import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig
-
-from specheads import SpecDecoder
-from specheads.inference import kv_cache
-from specheads.inference.trees import tree_from_parents
+if TYPE_CHECKING:
+    import transformers
 
 
 def random_llama(seed: int = 0) -> transformers.PreTrainedModel:
     """The ~9M-parameter Llama of the issue: 6 layers, hidden 256, vocab 8192."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=8192,
@@ -46,6 +45,10 @@ def random_llama(seed: int = 0) -> transformers.PreTrainedModel:
 
 def engine_overhead(model, rounds: int, new_tokens: int, prompt_len: int = 64) -> dict:
     """Interleave HF greedy and ``method='none'`` runs; return tokens/s of each and their ratio."""
+    import torch
+
+    from specheads import SpecDecoder
+
     decoder = SpecDecoder(model)
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 8192, (1, prompt_len), generator=generator) for _ in range(rounds)]
@@ -78,6 +81,11 @@ def engine_overhead(model, rounds: int, new_tokens: int, prompt_len: int = 64) -
 
 def verify_cost_curve(model, prefix_len: int = 256, sizes=(1, 2, 4, 8, 16, 32, 64), repeats: int = 20) -> list[dict]:
     """Median time of one base forward of q tree tokens (a binary-ish tree mask) over a cached prefix."""
+    import torch
+
+    from specheads.inference import kv_cache
+    from specheads.inference.trees import tree_from_parents
+
     generator = torch.Generator().manual_seed(2)
     prefix = torch.randint(0, 8192, (1, prefix_len), generator=generator)
     rows = []
@@ -113,6 +121,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    import torch
+    import transformers
+
     torch.set_num_threads(args.threads)
     model = random_llama()
     params = sum(p.numel() for p in model.parameters())

@@ -26,13 +26,10 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from specheads import assets, load_heads
-from specheads.export import export_heads
-from specheads.llama_server import LlamaServer
-from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.machine import measure_load
-from specheads.prompts import load_prompts, prompt_token_ids
+if TYPE_CHECKING:
+    from specheads.llama_server import LlamaServer
 
 
 def verify_curve(server: LlamaServer, prompt: list[int], sizes=(1, 2, 3, 4, 6, 8), repeats: int = 5) -> dict:  # noqa: ANN001
@@ -76,6 +73,14 @@ def main() -> int:
     parser.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--out", type=Path, help="JSON results")
     args = parser.parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    from specheads import assets, load_heads
+    from specheads.export import export_heads
+    from specheads.llama_server import LlamaServer
+    from specheads.loading import load_causal_lm, load_tokenizer
+    from specheads.machine import measure_load
+    from specheads.prompts import load_prompts, prompt_token_ids
+
     work = Path(tempfile.mkdtemp(prefix="specheads-bench-llamacpp-"))
     tokenizer = load_tokenizer(args.base)
     base_gguf = assets.named_gguf(args.base)

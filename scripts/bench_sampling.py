@@ -12,15 +12,6 @@ import argparse
 import json
 import time
 
-import torch
-
-from specheads import SpecDecoder, assets
-from specheads.heads.loading import heads_for_decoding, heads_path
-from specheads.inference.drafters import NoDrafter
-from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.prompts import load_prompts
-from specheads.registry import head_type_of
-
 RULES = ("none", "rejection", "typical")
 
 
@@ -35,6 +26,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    import torch
+
+    from specheads import SpecDecoder, assets
+    from specheads.heads.loading import heads_for_decoding, heads_path
+    from specheads.inference.drafters import NoDrafter
+    from specheads.loading import load_causal_lm, load_tokenizer
+    from specheads.prompts import load_prompts
+    from specheads.registry import head_type_of
+
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.base)
     base = load_causal_lm(args.base)

@@ -13,15 +13,6 @@ import json
 import statistics
 import time
 
-import torch
-
-from specheads.heads import MedusaHeads
-from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.methods.medusa.losses import medusa_loss
-from specheads.training.config import DataConfig
-from specheads.training.data import build_dataset
-from specheads.training.trainer import expand_data_paths
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,6 +25,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    import torch
+
+    from specheads.heads import MedusaHeads
+    from specheads.loading import load_causal_lm, load_tokenizer
+    from specheads.methods.medusa.losses import medusa_loss
+    from specheads.training.config import DataConfig
+    from specheads.training.data import build_dataset
+    from specheads.training.trainer import expand_data_paths
+
     torch.set_num_threads(args.threads)
     base = load_causal_lm(args.base).requires_grad_(False)
     config = DataConfig(paths=expand_data_paths([args.data]), max_length=args.max_length, limit=200)

@@ -40,17 +40,10 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
-from specheads import SpecDecoder, assets, load_heads
-from specheads.export import export_heads
-from specheads.llama_server import LlamaServer, free_port
-from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.methods.eagle.gguf import compare_gguf, converter_command
-from specheads.prompts import load_prompts, prompt_token_ids
-
 
 def convert(src: Path, args: list[str], log: Path) -> None:
+    from specheads.methods.eagle.gguf import converter_command
+
     with open(log, "ab") as out:
         done = subprocess.run(converter_command(src, args), stdout=out, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -59,6 +52,9 @@ def convert(src: Path, args: list[str], log: Path) -> None:
 
 def prompt_ids(base: str, tokenizer, count: int) -> list[list[int]]:  # noqa: ANN001
     """The bench prompts of the default model, or MT-Bench first turns (round robin over categories) as chats."""
+    from specheads import assets
+    from specheads.prompts import load_prompts, prompt_token_ids
+
     if base == "default":
         texts = [json.loads(line)["prompt"] for line in assets.prompts_path().read_text().splitlines()]
         return [list(tokenizer(text)["input_ids"]) for text in texts[:count]]
@@ -66,6 +62,8 @@ def prompt_ids(base: str, tokenizer, count: int) -> list[list[int]]:  # noqa: AN
 
 
 def serve_all(server_args: dict, prompts: list[list[int]], new_tokens: int, label: str) -> list[dict]:
+    from specheads.llama_server import LlamaServer
+
     rows = []
     with LlamaServer(**server_args) as server:
         for ids in prompts:
@@ -88,6 +86,9 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def check_distill(args, work: Path, base, tokenizer, base_gguf: Path, failures: list[str]) -> dict:  # noqa: ANN001
     """distill --server against llama-server: 1 vs 4 requests in flight (4 slots), a server killed and restarted
     mid-run (the client retries and the file has every record once, in order), and the local engine's records."""
+    from specheads import assets
+    from specheads.llama_server import LlamaServer, free_port
+    from specheads.prompts import load_prompts
     from specheads.training.distill import distill
     from specheads.training.distill_server import distill_server
 
@@ -171,6 +172,14 @@ def main() -> int:
     )
     parser.add_argument("--distill-tokens", type=int, default=64, help="max new tokens per distilled record")
     args = parser.parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    import torch
+
+    from specheads import SpecDecoder, assets, load_heads
+    from specheads.export import export_heads
+    from specheads.loading import load_causal_lm, load_tokenizer
+    from specheads.methods.eagle.gguf import compare_gguf
+
     torch.set_num_threads(args.threads)
     work = args.out or Path(tempfile.mkdtemp(prefix="specheads-llamacpp-"))
     work.mkdir(parents=True, exist_ok=True)

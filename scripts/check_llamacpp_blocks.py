@@ -26,20 +26,22 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+    from specheads.methods.dflash.heads import DFlashHead
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_llamacpp import convert, first_difference, prompt_ids, serve_all  # noqa: E402
-
-from specheads import SpecDecoder, assets, load_heads  # noqa: E402
-from specheads.export import export_heads  # noqa: E402
-from specheads.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from specheads.methods.dflash.drafter import DFlashDrafter  # noqa: E402
-from specheads.methods.dflash.heads import DFlashHead  # noqa: E402
 
 
 def heads_for(variant: str, directory: str | None, base: torch.nn.Module) -> DFlashHead:
+    import torch
+
+    from specheads import load_heads
+    from specheads.methods.dflash.heads import DFlashHead
+
     if directory:
         return load_heads(directory, base)
     torch.manual_seed(0)
@@ -58,6 +60,15 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, help="folder for the GGUF files, logs and summary (default: temporary)")
     args = parser.parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    import torch
+    from check_llamacpp import convert, first_difference, prompt_ids, serve_all
+
+    from specheads import SpecDecoder, assets
+    from specheads.export import export_heads
+    from specheads.loading import load_causal_lm, load_tokenizer
+    from specheads.methods.dflash.drafter import DFlashDrafter
+
     torch.set_num_threads(args.threads)
     work = args.out or Path(tempfile.mkdtemp(prefix="specheads-llamacpp-blocks-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -16,12 +16,10 @@ import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from specheads import assets, load_heads
-from specheads.export import export_heads
-from specheads.loading import load_causal_lm, load_tokenizer
+if TYPE_CHECKING:
+    import torch
 
 
 def main() -> None:
@@ -40,7 +38,13 @@ def main() -> None:
         "bf16 for a GGUF on a CPU with bf16 units, and the two then round differently)",
     )
     args = parser.parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
     import speculators
+    import torch
+
+    from specheads import assets, load_heads
+    from specheads.export import export_heads
+    from specheads.loading import load_causal_lm, load_tokenizer
 
     base_dir = str(Path(assets.resolve(args.base)).resolve())
     base = load_causal_lm(args.base, dtype=args.dtype)
@@ -89,6 +93,9 @@ def main() -> None:
 
 def _prompt_ids(args: argparse.Namespace, tokenizer) -> list[torch.Tensor]:  # noqa: ANN001
     """``[1, T]`` token ids of each prompt: raw bench prompts, or every turn of a multi-turn file as a chat."""
+    import torch
+
+    from specheads import assets
     from specheads.prompts import load_prompts, render_conversation
 
     if args.prompts_file is None:

@@ -14,16 +14,6 @@ import argparse
 import dataclasses
 import os
 
-import torch
-
-from specheads import SpecDecoder, load_heads
-from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.prompts import load_prompts, prompt_token_ids
-from specheads.registry import head_type_of
-from specheads.training.config import load_config
-from specheads.training.data import build_dataset
-from specheads.training.trainer import collate_trimmed, expand_data_paths
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,6 +24,17 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--eval-batches", type=int, default=20)
     args = parser.parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    import torch
+
+    from specheads import SpecDecoder, load_heads
+    from specheads.loading import load_causal_lm, load_tokenizer
+    from specheads.prompts import load_prompts, prompt_token_ids
+    from specheads.registry import head_type_of
+    from specheads.training.config import load_config
+    from specheads.training.data import build_dataset
+    from specheads.training.trainer import collate_trimmed, expand_data_paths
+
     config = load_config(args.config, [])
     base = load_causal_lm(config.model.base)
     tokenizer = load_tokenizer(config.model.base)

@@ -18,20 +18,22 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import DynamicCache
-
-from specheads.inference import attention, kv_cache
-from specheads.inference.trees import tree_from_parents
-from specheads.loading import load_causal_lm, vocab_size
-from specheads.machine import measure_load
+if TYPE_CHECKING:
+    import torch
 
 SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def engine_curve(model: torch.nn.Module, prefix: int, repeats: int) -> dict[int, float]:
     """ms per forward of q tokens (a binary tree) after ``prefix`` cached tokens, as the engine feeds them."""
+    import torch
+
+    from specheads.inference import kv_cache
+    from specheads.inference.trees import tree_from_parents
+    from specheads.loading import vocab_size
+
     generator = torch.Generator().manual_seed(0)
     vocab = vocab_size(model)
     ids = torch.randint(0, vocab, (1, prefix), generator=generator)
@@ -55,6 +57,12 @@ def engine_curve(model: torch.nn.Module, prefix: int, repeats: int) -> dict[int,
 
 def transformers_one_token(model: torch.nn.Module, prefix: int, repeats: int) -> float:
     """ms of transformers' own one-token forward (DynamicCache, no mask given), the per-token cost of generate."""
+    import torch
+    from transformers import DynamicCache
+
+    from specheads.inference import kv_cache
+    from specheads.loading import vocab_size
+
     ids = torch.randint(0, vocab_size(model), (1, prefix + 1), generator=torch.Generator().manual_seed(1))
     cache = DynamicCache()
     model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
@@ -75,6 +83,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--json", type=Path, help="write the curves here")
     args = parser.parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    import torch
+
+    from specheads.inference import attention
+    from specheads.loading import load_causal_lm
+    from specheads.machine import measure_load
+
     torch.set_num_threads(args.threads)
     load = measure_load(1.0)
     rows = {}

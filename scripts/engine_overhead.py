@@ -22,9 +22,10 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class ForwardTimer:
@@ -40,6 +41,8 @@ class ForwardTimer:
             self._wrap_one(sub)
 
     def _wrap_one(self, module: torch.nn.Module) -> None:
+        import torch
+
         original: Callable[..., Any] = module.forward
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -76,6 +79,8 @@ def _decoder(package: Any, method: str) -> tuple[Any, str | None]:
 
 
 def _drafter_modules(decoder: Any) -> list[torch.nn.Module]:
+    import torch
+
     drafter = decoder.drafter
     return [
         m
@@ -127,6 +132,8 @@ def main() -> None:
     parser.add_argument("--sync", action="store_true", help="synchronise CUDA at each forward's end (GPU runs)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    import torch  # once the arguments are read: --help and a usage error answer without loading torch
+
     torch.set_num_threads(args.threads)
     packages = args.package.split(",")
     prompts_module = importlib.import_module(f"{packages[0]}.prompts")

@@ -29,17 +29,15 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from specheads.loading import load_tokenizer
-from specheads.training.config import RecipeConfig, load_config
-from specheads.training.data import build_dataset
-from specheads.training.trainer import EVALS, FINAL_STATE, RUN_CONFIG, expand_data_paths, train
+if TYPE_CHECKING:
+    from specheads.training.config import RecipeConfig
 
 
 def point_config(args: argparse.Namespace, records: int, steps_per_epoch: int | None = None) -> RecipeConfig:
+    from specheads.training.config import load_config
+
     overrides = [
         f"data.limit={records}",
         "train.steps=null",
@@ -54,6 +52,10 @@ def point_config(args: argparse.Namespace, records: int, steps_per_epoch: int | 
 
 def training_rows(config: RecipeConfig) -> tuple[int, int, int]:
     """Rows, unique real tokens and unique target tokens of a recipe's training split."""
+    from specheads.loading import load_tokenizer
+    from specheads.training.data import build_dataset
+    from specheads.training.trainer import expand_data_paths
+
     data = dataclasses.replace(config.data, paths=expand_data_paths(config.data.paths))
     rows = build_dataset(data, load_tokenizer(config.model.tokenizer or config.model.base)).with_format("torch")
     tokens = targets = 0
@@ -66,6 +68,8 @@ def training_rows(config: RecipeConfig) -> tuple[int, int, int]:
 
 def run_point(args: argparse.Namespace, records: int) -> list[dict[str, Any]]:
     """Train (or resume, or read) one point; its evaluations, one per epoch."""
+    from specheads.training.trainer import EVALS, train
+
     config = point_config(args, records)
     rows, tokens, targets = training_rows(config)
     batches = rows // config.train.batch_size  # the loader drops a last short batch
@@ -100,6 +104,8 @@ def one_pass_points(run: Path) -> list[dict[str, Any]]:
     A run that continued the heads of an earlier one-epoch run on other data (``train.init_from`` naming that run's
     ``heads``) continues its line: the earlier run's points come first, and this run's tokens count on from the
     earlier run's last."""
+    from specheads.training.trainer import EVALS
+
     earlier_run = _continued_run(run)
     earlier = one_pass_points(earlier_run) if earlier_run is not None else []
     offset = _tokens_trained(earlier_run) if earlier_run is not None else 0
@@ -127,6 +133,8 @@ def one_pass_points(run: Path) -> list[dict[str, Any]]:
 
 def _continued_run(run: Path) -> Path | None:
     """The run folder whose exported heads ``run`` started from (``train.init_from``), when it is a run folder."""
+    from specheads.training.trainer import EVALS, RUN_CONFIG
+
     recorded = run / RUN_CONFIG
     init = json.loads(recorded.read_text()).get("train", {}).get("init_from") if recorded.is_file() else None
     return Path(init).parent if init and (Path(init).parent / EVALS).is_file() else None
@@ -134,6 +142,8 @@ def _continued_run(run: Path) -> Path | None:
 
 def _tokens_trained(run: Path) -> int:
     """The tokens a finished run trained on (its final state; else its last evaluation's)."""
+    from specheads.training.trainer import EVALS, FINAL_STATE
+
     final = run / FINAL_STATE
     if final.is_file() and "tokens_seen" in (state := json.loads(final.read_text())):
         return int(state["tokens_seen"])
@@ -215,6 +225,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--points", action="append", default=[], metavar="CURVE_JSON", help="an earlier curve.json")
     parser.add_argument("overrides", nargs="*", help="key=value recipe overrides for every point")
     args = parser.parse_args(argv)
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    import torch
+
     if not (args.records or args.one_pass or args.points):
         parser.error("give --records, --one-pass or --points")
     if args.threads:

@@ -32,21 +32,70 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-import torch
-from safetensors.torch import load_file, save_file
-from tqdm import tqdm
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Checkpoints and token caches live outside git; SPECHEADS_PRETRAIN_DIR moves them.
+DEFAULT_WORK_DIR = Path(os.environ.get("SPECHEADS_PRETRAIN_DIR", Path.home() / ".cache" / "specheads" / "pretrain"))
+DEFAULT_ASSETS_DIR = REPO_ROOT / "specheads" / "assets" / "default"
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's specheads when it is not installed
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("phase", choices=["tokenizer", "train", "export"])
+    p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR, help="checkpoints, caches and logs")
+    p.add_argument("--assets-dir", type=Path, default=DEFAULT_ASSETS_DIR, help="export destination")
+    p.add_argument(
+        "--corpus-root",
+        type=Path,
+        default=None,
+        help="a folder of .py files to use instead of this interpreter's standard library (tests)",
+    )
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=16, help="windows per optimiser step")
+    p.add_argument("--token-budget", type=int, default=12_000_000, help="planned training tokens (sets the schedule)")
+    p.add_argument("--base-hidden", type=int, default=192)
+    p.add_argument("--base-layers", type=int, default=6)
+    p.add_argument("--base-heads", type=int, default=6)
+    p.add_argument("--base-intermediate", type=int, default=512)
+    p.add_argument("--draft-hidden", type=int, default=96)
+    p.add_argument("--draft-layers", type=int, default=1)
+    p.add_argument("--draft-heads", type=int, default=3)
+    p.add_argument("--draft-intermediate", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate of the base")
+    p.add_argument("--draft-lr", type=float, default=2e-3, help="peak learning rate of the draft")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--warmup-frac", type=float, default=0.04)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--max-minutes", type=float, default=None, help="stop cleanly (with a checkpoint) after this")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (testing)")
+    p.add_argument("--ckpt-minutes", type=float, default=5.0)
+    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    p.add_argument("--eval-windows", type=int, default=32, help="held-out windows in the periodic evaluation")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument(
+        "--allow-replan", action="store_true", help="resume even if --token-budget changed (reshapes the schedule)"
+    )
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":  # --help and a usage error answer before the imports below load torch
+    parse_args()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+sys.path.insert(0, str(REPO_ROOT))  # the checkout's specheads when it is not installed
 from specheads.assets import corpus as default_corpus  # noqa: E402
 from specheads.heads.checkpoint import atomic_write  # noqa: E402
 from specheads.training.evaluate import heldout_lm_loss  # noqa: E402
 from specheads.training.losses import lm_loss  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-# Checkpoints and token caches live outside git; SPECHEADS_PRETRAIN_DIR moves them.
-DEFAULT_WORK_DIR = Path(os.environ.get("SPECHEADS_PRETRAIN_DIR", Path.home() / ".cache" / "specheads" / "pretrain"))
-DEFAULT_ASSETS_DIR = REPO_ROOT / "specheads" / "assets" / "default"
 EOS = "<|endoftext|>"
 MAX_ASSETS_BYTES = 25 * 1024 * 1024
 # The models' max_position_embeddings, and the tokenizers' model_max_length, unless --seq-len is longer.
@@ -873,50 +922,6 @@ python scripts/make_bench_prompts.py
 # --------------------------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------------------------
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse the command line."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("phase", choices=["tokenizer", "train", "export"])
-    p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR, help="checkpoints, caches and logs")
-    p.add_argument("--assets-dir", type=Path, default=DEFAULT_ASSETS_DIR, help="export destination")
-    p.add_argument(
-        "--corpus-root",
-        type=Path,
-        default=None,
-        help="a folder of .py files to use instead of this interpreter's standard library (tests)",
-    )
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=16, help="windows per optimiser step")
-    p.add_argument("--token-budget", type=int, default=12_000_000, help="planned training tokens (sets the schedule)")
-    p.add_argument("--base-hidden", type=int, default=192)
-    p.add_argument("--base-layers", type=int, default=6)
-    p.add_argument("--base-heads", type=int, default=6)
-    p.add_argument("--base-intermediate", type=int, default=512)
-    p.add_argument("--draft-hidden", type=int, default=96)
-    p.add_argument("--draft-layers", type=int, default=1)
-    p.add_argument("--draft-heads", type=int, default=3)
-    p.add_argument("--draft-intermediate", type=int, default=256)
-    p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate of the base")
-    p.add_argument("--draft-lr", type=float, default=2e-3, help="peak learning rate of the draft")
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup-frac", type=float, default=0.04)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--max-minutes", type=float, default=None, help="stop cleanly (with a checkpoint) after this")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (testing)")
-    p.add_argument("--ckpt-minutes", type=float, default=5.0)
-    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
-    p.add_argument("--eval-windows", type=int, default=32, help="held-out windows in the periodic evaluation")
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument(
-        "--allow-replan", action="store_true", help="resume even if --token-budget changed (reshapes the schedule)"
-    )
-    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,10 +31,6 @@ import argparse
 import json
 from pathlib import Path
 
-from specheads.contamination import evaluation_index, words
-from specheads.loading import load_tokenizer
-from specheads.training.data import read_sharegpt_conversations, sharegpt_path
-
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,6 +42,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heldout-out", help="where the held-out prompts go (with --heldout)")
     parser.add_argument("--turns", type=int, default=1, help="user turns kept a conversation (default 1: the first)")
     args = parser.parse_args(argv)
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    from specheads.contamination import evaluation_index, words
+    from specheads.loading import load_tokenizer
+    from specheads.training.data import read_sharegpt_conversations, sharegpt_path
+
     if args.heldout < 0 or bool(args.heldout) != bool(args.heldout_out):
         parser.error("--heldout N (N >= 1) and --heldout-out FILE go together")
     if args.turns < 1:

@@ -26,11 +26,6 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
-
-from specheads.training.config import load_config
-from specheads.training.trainer import cleanup, setup, train_loop
-
 VARIANTS = {
     "before": ["model.dtype=float32", "train.mixed_precision=no", "data.group_by_length=false"],
     "float32": ["model.dtype=float32", "train.mixed_precision=no", "data.group_by_length=true"],
@@ -42,6 +37,9 @@ CACHED = {"bf16-cache": "features-bf16", "float32-cache": "features-float32"}
 
 
 def run_variant(args: argparse.Namespace, name: str, out: Path) -> dict:
+    from specheads.training.config import load_config
+    from specheads.training.trainer import cleanup, setup, train_loop
+
     overrides = [
         *VARIANTS[name],
         f"data.limit={args.records}",
@@ -89,6 +87,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("overrides", nargs="*", help="more key=value recipe overrides for every variant")
     args = parser.parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    import torch
+
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

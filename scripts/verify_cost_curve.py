@@ -15,16 +15,18 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
-from specheads.calibrate import measure_verify_cost
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 def build_model(args: argparse.Namespace) -> LlamaForCausalLM:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     heads = max(1, args.hidden // 128)  # head dimension 128, grouped-query attention with half as many KV heads
     config = LlamaConfig(
         hidden_size=args.hidden,
@@ -42,7 +44,7 @@ def build_model(args: argparse.Namespace) -> LlamaForCausalLM:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", help="default: cuda when there is one, else cpu")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=16)
@@ -52,7 +54,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json", type=Path, help="write the curve here")
     args = parser.parse_args()
+    # imported once the arguments are read: --help and a usage error answer without loading torch
+    import torch
 
+    from specheads.calibrate import measure_verify_cost
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     started = time.perf_counter()
     model = build_model(args)
     params = sum(p.numel() for p in model.parameters())

@@ -387,7 +387,7 @@ def test_sharegpt_prompts_keeps_later_turns_as_turns_records(tmp_path, chat_toke
 
     records = [chat("a", "one", "two", "three", "four"), chat("b", "solo"), chat("c", "start", "x " * 80, "never")]
     (tmp_path / "sharegpt.json").write_text(json.dumps(records))
-    monkeypatch.setattr(script, "sharegpt_path", lambda: tmp_path / "sharegpt.json")
+    monkeypatch.setattr("specheads.training.data.sharegpt_path", lambda: tmp_path / "sharegpt.json")  # read by main
     common = ["--base", str(tmp_path / "base"), "--max-prompt-tokens", "64"]
     script.main(["--out", str(tmp_path / "three.jsonl"), "--turns", "3", *common])
     assert (
