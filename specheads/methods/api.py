@@ -29,6 +29,9 @@ from specheads.export.formats import (
     speculative_tokens,
     vllm_command,
 )
+
+# Messages: the pip command that installs an optional dependency a method needs (e.g. gguf), for this install.
+from specheads.extras import install_hint
 from specheads.heads.calibration import Calibration
 from specheads.heads.checkpoint import WEIGHTS_NAME as SAFETENSORS_WEIGHTS
 from specheads.heads.checkpoint import (
@@ -39,7 +42,13 @@ from specheads.heads.checkpoint import (
     save_checkpoint,
 )
 from specheads.heads.foreign import shape_error
-from specheads.heads.vocab import check_draft_map, draft_maps, select_draft_vocab
+from specheads.heads.vocab import (
+    check_draft_map,
+    draft_maps,
+    draft_vocab_coverage,
+    draft_vocab_size_for_coverage,
+    select_draft_vocab,
+)
 
 # Decoding: the drafter protocol, the decode state it reads, trees, the feature queue, the draft cache, sampling.
 from specheads.inference import kv_cache
@@ -124,9 +133,12 @@ __all__ = [
     "config_architectures",
     "distillation_loss",
     "draft_maps",
+    "draft_vocab_coverage",
+    "draft_vocab_size_for_coverage",
     "dynamic_parameters",
     "flat_rows",
     "id_list",
+    "install_hint",
     "kv_cache",
     "linear_cross_entropy",
     "llamacpp_command",

@@ -28,6 +28,7 @@ import torch
 from specheads.methods.api import (
     CheckReport,
     EngineVerdict,
+    install_hint,
 )
 
 ARCH = "eagle3"
@@ -63,9 +64,7 @@ def _gguf() -> Any:
     try:
         import gguf
     except ImportError as error:  # pragma: no cover - gguf is in the dev and [gguf] extras
-        raise ImportError(
-            "writing GGUF drafts needs the gguf package: pip install 'specheads[gguf]' (or pip install gguf)"
-        ) from error
+        raise ImportError(f"writing GGUF drafts needs the gguf package: {install_hint('gguf')}") from error
     return gguf
 
 
@@ -345,11 +344,25 @@ def draft_keys(config: dict[str, Any], dtype: str) -> list[tuple[str, Any, Any, 
     return keys
 
 
+EAGLE31_REFUSAL = (
+    "llama.cpp's EAGLE-3 graph cannot run EAGLE 3.1's fc_norm / norm_output drafts: it has only norm_before_fc (one "
+    "norm over the concatenated features, not one per layer) and feeds the un-normed output to the next step; export "
+    "--format eagle3 or speculators (vLLM, SGLang), or train without heads.fc_norm and heads.norm_output for llama.cpp"
+)
+
+
+def eagle31_flags(config: dict[str, Any]) -> list[str]:
+    """The EAGLE 3.1 norms an export's config turns on (``fc_norm``, ``norm_output``), which llama.cpp cannot run."""
+    return [flag for flag in ("fc_norm", "norm_output") if config.get(flag)]
+
+
 def validate_for_llamacpp(config: dict[str, Any], tensors: dict[str, torch.Tensor], target: TargetVocab) -> None:
     """Raise :class:`GGUFDraftError` for anything llama.cpp would refuse or serve wrongly, before writing."""
     layer = {**config, **(config.get("transformer_layer_config") or {})}
     ids = config.get("eagle_aux_hidden_state_layer_ids")
     problems = layer_id_problems(ids, target.num_layers)
+    if eagle31_flags(config):
+        problems.append(EAGLE31_REFUSAL)
     vocab = int(layer["vocab_size"])
     if vocab != target.vocab_size:
         problems.append(
