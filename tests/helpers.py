@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -64,6 +67,33 @@ def tiny_model(arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, **c
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+
+def is_namespace_package(module: ModuleType) -> bool:
+    """Whether ``module`` is a namespace package: a folder without ``__init__.py`` found on ``sys.path``, no code."""
+    spec = getattr(module, "__spec__", None)
+    return getattr(module, "__file__", None) is None and (spec is None or spec.origin in (None, "namespace"))
+
+
+def require(module: str, install: str, strict_env: str = "SPECHEADS_REQUIRE_SPECULATORS") -> ModuleType:
+    """Import the optional dependency ``module``, or skip the test saying what it needs ("needs ..."), or fail it
+    where the environment variable ``strict_env`` is "1" (CI: a missing package is a failure there).
+
+    An import that finds only a namespace package is a missing dependency, not the package: pytest's prepend import
+    mode puts test folders on ``sys.path``, so without z-lab's ``dflash`` installed, ``import dflash`` finds the test
+    folder ``tests/methods/dflash``. Such a stand-in is dropped from ``sys.modules``.
+    """
+    try:
+        imported = importlib.import_module(module)
+        if is_namespace_package(imported):
+            del sys.modules[module]
+            folders = list(getattr(imported, "__path__", []))
+            raise ImportError(f"{module!r} is only a folder without code on sys.path ({folders}), not the package")
+    except ImportError as error:
+        if os.environ.get(strict_env) == "1":
+            pytest.fail(f"{module} is required here ({strict_env}=1) but cannot be imported: {error}")
+        pytest.skip(f"needs {module} ({error}); install it with: {install}")
+    return imported
 
 
 def greedy_reference(model: PreTrainedModel, prompt: torch.Tensor, max_new_tokens: int, eos_token_id=None):

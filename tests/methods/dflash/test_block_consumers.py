@@ -7,11 +7,9 @@ computes the same block logits and decodes losslessly with its own ``spec_genera
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from helpers import greedy_reference, tiny_model
+from helpers import greedy_reference, require, tiny_model
 from safetensors.torch import load_file
 
 from specheads import load_heads
@@ -23,12 +21,7 @@ VOCAB, LAYERS, BLOCK, LENGTH = 96, 6, 4, 20
 
 
 def _require(module: str):  # noqa: ANN202
-    try:
-        return __import__(module)
-    except ImportError as error:
-        if os.environ.get("SPECHEADS_REQUIRE_SPECULATORS") == "1":
-            pytest.fail(f"{module} is required here (SPECHEADS_REQUIRE_SPECULATORS=1) but cannot be imported: {error}")
-        pytest.skip(f"needs {module} ({error}); install it with: {INSTALL}")
+    return require(module, INSTALL)
 
 
 def _head(base, variant: str) -> DFlashHead:  # noqa: ANN001

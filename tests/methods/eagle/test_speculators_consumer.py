@@ -8,11 +8,9 @@ README's test command and ``.ci/run``). Without it the test is skipped, naming w
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import require, tiny_model
 
 from specheads import EagleHead
 from specheads.export import export_heads
@@ -21,15 +19,7 @@ INSTALL = "pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 && pip 
 
 
 def _speculators():
-    try:
-        import speculators
-    except ImportError as error:
-        if os.environ.get("SPECHEADS_REQUIRE_SPECULATORS") == "1":
-            pytest.fail(
-                f"speculators is required here (SPECHEADS_REQUIRE_SPECULATORS=1) but cannot be imported: {error}"
-            )
-        pytest.skip(f"needs speculators ({error}); install it with: {INSTALL}")
-    return speculators
+    return require("speculators", INSTALL)
 
 
 def _one_step(model, hidden_states: tuple, layers: list[int], ids: torch.Tensor) -> tuple[torch.Tensor, list]:
@@ -148,3 +138,55 @@ def test_a_checkpoint_speculators_writes_imports_into_specheads(tmp_path) -> Non
         ours = head(ids, [states[i] for i in (1, 2, 3)], steps=1)[1][0]
         logits, _ = _one_step(draft, states, [1, 2, 3], ids)
     torch.testing.assert_close(logits, ours, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("fc_norm", "norm_output"), [(True, True), (True, False), (False, True)])
+def test_speculators_runs_eagle31_norms_as_specheads_does(tmp_path, fc_norm: bool, norm_output: bool) -> None:
+    """EAGLE 3.1's ``fc_norm`` (one norm per fused layer, permuted with fc's blocks) and ``norm_output`` (the next
+    step reads the normed output) reach speculators, which drafts the same logits at every training-time-test step."""
+    speculators = _speculators()
+    base = tiny_model("llama", seed=5, vocab_size=96, layers=4)
+    base.save_pretrained(tmp_path / "base")
+    torch.manual_seed(0)
+    head = EagleHead.from_base(
+        base, version=3, layer_ids=[3, 1, 2], draft_vocab_size=48, token_counts=torch.rand(96), fc_norm=fc_norm,
+        norm_output=norm_output,
+    )  # fmt: skip
+    with torch.no_grad():  # norms start at one: make every tensor matter, each fc_norm its own
+        for parameter in head.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    out = tmp_path / "speculators"
+    export_heads(head, out, "speculators", base_model=base, base_name=str(tmp_path / "base"))
+
+    config = speculators.SpeculatorModelConfig.from_pretrained(str(out))
+    config.transformer_layer_config._attn_implementation = "eager"
+    model = speculators.SpeculatorModel.from_pretrained(str(out), config=config).eval()
+    assert (model.config.fc_norm, model.config.norm_output) == (fc_norm, norm_output)
+    assert (model.fc_norm is not None) is fc_norm
+    ids = torch.randint(2, 96, (1, 12), generator=torch.Generator().manual_seed(1))
+    captured: list[torch.Tensor] = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, output: captured.append(output))
+    with torch.no_grad():
+        states = base(ids, output_hidden_states=True).hidden_states
+        ours = head(ids, [states[i] for i in head.hidden_state_layers], steps=3)[1]  # 3 x [1, 11, 48]
+        try:
+            model(
+                hidden_states=torch.cat([states[i] for i in (1, 2, 3)], dim=-1)[:, :-1],
+                input_ids=ids[:, 1:],
+                document_ids=torch.zeros_like(ids[:, 1:]),
+                position_ids=torch.arange(ids.shape[1] - 1)[None],
+                ttt_steps=3,
+            )
+        finally:
+            hook.remove()
+    assert len(captured) == 3
+    for step, (theirs, mine) in enumerate(zip(captured, ours, strict=True)):
+        valid = mine.shape[1] - step  # the last `step` positions read padding past the sequence, differently
+        # float32 rounding grows through three steps of a layer with noisy norms: 1e-4 of logits of size ~1-10
+        torch.testing.assert_close(
+            theirs[:, :valid],
+            mine[:, :valid],
+            atol=1e-4,
+            rtol=0,
+            msg=lambda detail, step=step: f"step {step}: {detail}",
+        )
