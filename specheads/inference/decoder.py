@@ -387,12 +387,20 @@ class SpecDecoder:
             self.drafter.keep_rows(state, keep)
 
     def _prefill(self, prompts: list[torch.Tensor], settings: _Settings) -> DecodeState:
-        """Run every prompt except its last token (each row's first root) through the base, in one forward."""
+        """Run every prompt except its last token (each row's first root) through the base, in one forward.
+
+        The token buffer and the cache hold what can be used: prompt + ``max_new_tokens``, but never more than the
+        model's positions (generation stops there with ``"max_length"``), plus the cache's room for one verify step.
+        """
         lengths = [int(ids.shape[1]) for ids in prompts]
         batch, longest = len(prompts), max(lengths)
         device = prompts[0].device
-        capacity = longest + settings.max_new_tokens + self._largest_step(settings) + 2
-        tokens = torch.zeros(batch, longest + settings.max_new_tokens, dtype=torch.long, device=device)
+        slots = longest + settings.max_new_tokens
+        max_length = self._max_length()
+        if max_length is not None:
+            slots = min(slots, max_length)
+        capacity = slots + self._largest_step(settings) + 2
+        tokens = torch.zeros(batch, slots, dtype=torch.long, device=device)
         for row, ids in enumerate(prompts):
             tokens[row, : lengths[row]] = ids[0]
         cache = kv_cache.new_cache(batch, capacity, device)

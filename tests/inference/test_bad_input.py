@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import greedy_reference, tiny_model
 
 from specheads import GenerationConfig, SpecDecoder, TreeError
+from specheads.inference import kv_cache
 from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
 
 PROMPT = torch.tensor([[5, 6, 7]])
@@ -167,3 +168,39 @@ def test_output_cut_by_the_position_limit_says_so() -> None:
     assert (stopped.new_tokens[-1], stopped.finish_reason, stopped.tokens_cut) == (eos, "eos", 0)
     batch = decoder.generate([torch.full((10,), 5), torch.full((4,), 5)], max_new_tokens=8)
     assert [(o.finish_reason, o.tokens_cut) for o in batch] == [("max_length", 2), ("max_new_tokens", 0)]
+
+
+def _allocated_slots(decoder: SpecDecoder, monkeypatch, prompts, max_new_tokens: int):
+    """The output of ``decoder.generate`` and the slots of every key/value buffer the call allocated."""
+    caches = []
+    real = kv_cache.new_cache
+
+    def recording(*args, **kwargs):
+        caches.append(real(*args, **kwargs))
+        return caches[-1]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(kv_cache, "new_cache", recording)
+        out = decoder.generate(prompts, max_new_tokens=max_new_tokens)
+    return out, [buffer.shape[2] for cache in caches for buffer in cache.buffers]
+
+
+def test_a_huge_max_new_tokens_allocates_only_what_the_model_positions_can_use(monkeypatch) -> None:
+    """Prompt + new tokens never exceed the model's positions, so the token buffer and every cache (the base's and
+    the draft model's) are sized as for the largest request that fits, and generation ends with "max_length"."""
+    positions = 24
+    model = tiny_model("llama", max_positions=positions)
+    decoder = SpecDecoder(model, DraftModelDrafter(tiny_model("llama", seed=1, max_positions=positions), 3))
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    fits = positions - prompt.shape[1]
+    exact, exact_slots = _allocated_slots(decoder, monkeypatch, prompt, fits)
+    huge, huge_slots = _allocated_slots(decoder, monkeypatch, prompt, 10_000)
+    assert exact_slots and huge_slots == exact_slots
+    assert max(huge_slots) <= positions + 2 * 3 + 2  # the positions, plus room for one verify step
+    assert (huge.finish_reason, huge.tokens_cut) == ("max_length", 10_000 - fits)
+    assert huge.new_tokens == exact.new_tokens == greedy_reference(model, prompt, fits)[0, 4:].tolist()
+    ragged = [torch.tensor([5, 6, 7, 8, 9, 10]), torch.tensor([5, 6])]
+    outs, ragged_slots = _allocated_slots(decoder, monkeypatch, ragged, 10_000)
+    assert max(ragged_slots) == max(exact_slots)  # the longest row's positions bound the batch's buffers
+    assert [(len(out.new_tokens), out.finish_reason) for out in outs] == [(18, "max_length"), (22, "max_length")]
+    assert decoder.generate(prompt, max_new_tokens=10**9).new_tokens == exact.new_tokens  # 832 GB before the cap
