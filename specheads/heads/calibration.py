@@ -31,12 +31,16 @@ class Calibration:
             for methods that grow trees; None otherwise.
         budget: the fastest tree-node budget of a block drafter; None otherwise.
         key: the dtype and device the record was measured for (``bfloat16/cpu``); None in files that predate it.
+        lookup: the settings of a prompt lookup composed with these heads (``calibrate --prompt-lookup``: tokens
+            proposed by match length, :class:`specheads.inference.lookup.PromptLookup`'s record); None: not
+            calibrated, the lookup's defaults hold.
     """
 
     tree: list[list[int]]
     dynamic: dict[str, int] | None = None
     budget: int | None = None
     key: str | None = None
+    lookup: dict[str, Any] | None = None
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Calibration:
@@ -47,6 +51,7 @@ class Calibration:
             dynamic=dict(record["dynamic"]) if record.get("dynamic") else None,
             budget=None if budget is None else int(budget),
             key=record.get("dtype"),
+            lookup=dict(record["lookup"]) if record.get("lookup") else None,
         )
 
 

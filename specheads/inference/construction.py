@@ -65,6 +65,13 @@ def build(
     return base_model, drafter, tokenizer
 
 
+def calibrated_lookup(drafter: Drafter) -> dict[str, Any] | None:
+    """The prompt-lookup settings calibrated with a drafter's heads (their ``tree.json``), None when there are none.
+    The heads are the drafter's ``head`` (EAGLE, DFlash) or ``heads`` (Medusa)."""
+    heads = next((getattr(drafter, name) for name in ("head", "heads") if hasattr(drafter, name)), None)
+    return getattr(getattr(heads, "calibration", None), "lookup", None)
+
+
 def heads_method(heads: str | Path | torch.nn.Module, base: Any = None) -> str:
     """The head type of a heads module or checkpoint directory (its ``head_type``, or its engine layout's method)."""
     if isinstance(heads, torch.nn.Module):

@@ -34,8 +34,9 @@ from specheads.inference.drafters import (
     NoDrafter,
 )
 from specheads.inference.generation import GenerationConfig
+from specheads.inference.lookup import PromptLookup, WithLookup, lookup_settings
 from specheads.inference.sampling import SamplingParams, probabilities, sample
-from specheads.inference.state import DecodeState, DraftRequest, Proposal
+from specheads.inference.state import DecodeState, DraftRequest, Proposal, rows_of
 from specheads.inference.trees import BlockTree, DynamicTree, TreeBuffers, grown_tree_owners, tree_from_choices
 from specheads.loading import check_same_vocabulary, eos_token_ids
 from specheads.metrics import SpecStats
@@ -141,6 +142,10 @@ class SpecDecoder:
             greedy output equals this engine's own one-token decoding (``method="none"``) token for token.
             ``"model"``: the model's own attention implementation. ``"auto"`` (default): invariant for a bf16/fp16
             base on a CPU, the model's own otherwise (in float32 that output equals transformers' greedy).
+        prompt_lookup: compose prompt lookup with the drafter (:mod:`specheads.inference.lookup`): True for the
+            default settings, or a :class:`~specheads.inference.lookup.PromptLookup`; each step's tree then holds the
+            drafter's nodes and the lookup's continuations of each row's context, verified in one forward. Output
+            is unchanged (lossless in every mode). False/None (default): the drafter alone.
     """
 
     def __init__(
@@ -150,6 +155,7 @@ class SpecDecoder:
         tokenizer: PreTrainedTokenizerBase | None = None,
         profile: bool = False,
         attention: str = "auto",
+        prompt_lookup: bool | PromptLookup | None = None,
     ) -> None:
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {list(ATTENTION_MODES)}, got {attention!r}")
@@ -162,6 +168,9 @@ class SpecDecoder:
         self.tokenizer = tokenizer
         if isinstance(self.drafter, DraftModelDrafter):
             check_same_vocabulary(self.model, self.drafter.model)
+        settings = lookup_settings(prompt_lookup)
+        if settings is not None:
+            self.drafter = WithLookup(self.drafter, settings)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -176,6 +185,7 @@ class SpecDecoder:
         device: str | torch.device | None = None,
         num_speculative_tokens: int | None = None,
         attention: str = "auto",
+        prompt_lookup: bool | PromptLookup | None = None,
     ) -> SpecDecoder:
         """Load a base (and a drafter) by name or path, or wrap models already in memory.
 
@@ -185,12 +195,16 @@ class SpecDecoder:
         ``heads="default"`` with ``base="default"`` are the EAGLE-3 heads shipped for the embedded default model (see
         :mod:`specheads.inference.construction`). ``dtype="auto"`` is :func:`specheads.loading.resolve_dtype`'s
         choice (bf16 on a CPU with native bf16 products for a bf16 or GGUF checkpoint, else the checkpoint's dtype);
-        heads and draft models follow the base's dtype. ``attention``: see the class.
+        heads and draft models follow the base's dtype. ``attention``: see the class. ``prompt_lookup``: see the
+        class; True takes the lookup settings calibrated with the heads (``calibrate --prompt-lookup``) when their
+        calibration holds some, else the defaults.
         """
         base_model, drafter, loaded_tokenizer = construction.build(
             base, heads, draft_model, method, tokenizer, dtype, device, num_speculative_tokens
         )
-        return cls(base_model, drafter, loaded_tokenizer, attention=attention)
+        if prompt_lookup is True:
+            prompt_lookup = construction.calibrated_lookup(drafter) or True
+        return cls(base_model, drafter, loaded_tokenizer, attention=attention, prompt_lookup=prompt_lookup)
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -428,7 +442,8 @@ class SpecDecoder:
         tree = settings.request.tree
         if tree is None:
             return int(self.drafter.max_nodes(settings.request))
-        return tree.total_tokens if isinstance(tree, DynamicTree) else tree.num_nodes
+        size = tree.total_tokens if isinstance(tree, DynamicTree) else tree.num_nodes
+        return size + self.drafter.extra_nodes(settings.request)
 
     def _step(
         self,
@@ -698,24 +713,7 @@ def _for_rows(
 
 def _per_row(proposal: Proposal | list[Proposal | None] | None, batch: int) -> list[Proposal | None]:
     """A drafter's answer as one proposal (``[1, N]`` tokens) or None per row."""
-    if proposal is None:
-        return [None] * batch
-    if isinstance(proposal, list):
-        if len(proposal) != batch:
-            raise RuntimeError(f"the drafter proposed for {len(proposal)} rows, the batch has {batch}")
-        return proposal
-    if proposal.tokens.shape[0] != batch:
-        raise RuntimeError(f"the drafter proposed {proposal.tokens.shape[0]} rows, the batch has {batch}")
-    return [
-        Proposal(
-            proposal.tokens[i : i + 1],
-            proposal.tree,
-            None if proposal.draft_probs is None else proposal.draft_probs[i : i + 1],
-            None if proposal.attention_mask is None else proposal.attention_mask[i : i + 1],
-            None if proposal.depths is None else proposal.depths[i : i + 1],
-        )
-        for i in range(batch)
-    ]
+    return rows_of(proposal, batch)
 
 
 def _truncated(proposal: Proposal | None, max_depth: int) -> Proposal | None:

@@ -28,11 +28,14 @@ class Drafter:
             entering the cache (empty: the base runs without ``output_hidden_states``).
         dynamic: the default parameters of the EAGLE-2 dynamic trees the drafter grows (None: it grows none, and
             ``tree_top_k`` / ``depth`` / ``total_tokens`` are refused).
+        per_token_cost: whether each drafted token costs a forward of a model of its own (the draft model): a
+            composed prompt lookup may then skip the drafter on a step where its own match is long.
     """
 
     name: str = "drafter"
     hidden_state_layers: tuple[int, ...] = ()
     dynamic: DynamicTree | None = None
+    per_token_cost: bool = False
 
     def check_request(self, request: DraftRequest) -> None:
         """Raise ``ValueError`` before any compute when ``request`` cannot be served (e.g. a tree too deep)."""
@@ -47,6 +50,10 @@ class Drafter:
     def max_nodes(self, request: DraftRequest) -> int:
         """The largest tree a request can verify (what the cache reserves beyond the generated tokens)."""
         return 64
+
+    def extra_nodes(self, request: DraftRequest) -> int:
+        """Nodes the drafter may add to the tree a request names (a composed lookup's branches)."""
+        return 0
 
     def gives_draft_probs(self, request: DraftRequest) -> bool:
         """Whether proposals carry draft probabilities (``acceptance="alpha"`` needs them)."""
@@ -218,6 +225,7 @@ class DraftModelDrafter(Drafter):
 
     name = "draft"
     hidden_state_layers: tuple[int, ...] = ()
+    per_token_cost = True
 
     def __init__(
         self, model: PreTrainedModel, num_speculative_tokens: int = 5, confidence_threshold: float | None = None

@@ -158,3 +158,25 @@ class Proposal:
     draft_probs: torch.Tensor | None = None
     attention_mask: torch.Tensor | None = None
     depths: torch.Tensor | None = None
+
+
+def rows_of(proposal: Proposal | list[Proposal | None] | None, batch: int) -> list[Proposal | None]:
+    """A drafter's answer as one proposal (``[1, N]`` tokens) or None per row of a ``batch``-row step."""
+    if proposal is None:
+        return [None] * batch
+    if isinstance(proposal, list):
+        if len(proposal) != batch:
+            raise RuntimeError(f"the drafter proposed for {len(proposal)} rows, the batch has {batch}")
+        return proposal
+    if proposal.tokens.shape[0] != batch:
+        raise RuntimeError(f"the drafter proposed {proposal.tokens.shape[0]} rows, the batch has {batch}")
+    return [
+        Proposal(
+            proposal.tokens[i : i + 1],
+            proposal.tree,
+            None if proposal.draft_probs is None else proposal.draft_probs[i : i + 1],
+            None if proposal.attention_mask is None else proposal.attention_mask[i : i + 1],
+            None if proposal.depths is None else proposal.depths[i : i + 1],
+        )
+        for i in range(batch)
+    ]
