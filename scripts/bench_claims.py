@@ -38,17 +38,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from specheads import SpecDecoder, assets
-from specheads.bench import BenchMethod, GroupRun, build_methods, machine_info, model_info, run_bench, summarize
-from specheads.inference.drafters import DraftModelDrafter, NoDrafter
-from specheads.inference.oracle import chi_square_p
-from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.metrics import SpecStats
-from specheads.prompts import load_prompts
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit", type=int, default=40, help="held-out prompts (of 67)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", help="write every number here (JSON)")
+    parser.add_argument("--self-layers", default="2,3,5", help="truncated-base drafts (layers kept), comma-separated")
+    parser.add_argument("--sampling-k", type=int, default=3, help="draft chain length at temperature > 0")
+    parser.add_argument("--mc-samples", type=int, default=20000, help="Monte-Carlo seeds per rule (0: skip)")
+    parser.add_argument("--tiny-prompts", type=int, default=15, help="random prompts besides [3, 5, 7] for exact TV")
+    parser.add_argument("--skip-default", action="store_true", help="only the tiny-model part (for quick checks)")
+    parser.add_argument("--from-json", help="measure nothing: print the tables and verdicts of a saved --out file")
+    args = parser.parse_args(argv)
+    for name in ("limit", "max_new_tokens", "threads", "sampling_k"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+if __name__ == "__main__":  # --help and a usage error answer before the imports below load torch
+    parse_args()
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel  # noqa: E402
+
+from specheads import SpecDecoder, assets  # noqa: E402
+from specheads.bench import (  # noqa: E402
+    BenchMethod,
+    GroupRun,
+    build_methods,
+    machine_info,
+    model_info,
+    run_bench,
+    summarize,
+)
+from specheads.inference.drafters import DraftModelDrafter, NoDrafter  # noqa: E402
+from specheads.inference.oracle import chi_square_p  # noqa: E402
+from specheads.loading import load_causal_lm, load_tokenizer  # noqa: E402
+from specheads.metrics import SpecStats  # noqa: E402
+from specheads.prompts import load_prompts  # noqa: E402
 
 DRAFT_KS = (1, 3, 5, 8, 10)
 LADDER_KS = (1, 3)
@@ -111,7 +142,9 @@ def greedy_methods(
     """
     names = ["none", *(f"draft-k{k}" for k in DRAFT_KS)]
     trees = {"eagle": [f"chain-{k}" for k in DRAFT_KS]}
-    methods = build_methods(base, draft, draft_ks=DRAFT_KS, only=names, heads=[("eagle", heads)], trees=trees)
+    methods = build_methods(
+        base, draft, draft_ks=DRAFT_KS, only=[*names, "eagle"], heads=[("eagle", heads)], trees=trees
+    )
     info: dict[str, dict[str, Any]] = {"hf-greedy": {"drafter": "-", "k": 0}, "none": {"drafter": "-", "k": 0}}
     for k in DRAFT_KS:
         info[f"draft-k{k}"] = {"drafter": "draft 0.9M", "parameters": parameters(draft), "k": k}
@@ -648,25 +681,6 @@ def git_commit() -> str | None:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit", type=int, default=40, help="held-out prompts (of 67)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", help="write every number here (JSON)")
-    parser.add_argument("--self-layers", default="2,3,5", help="truncated-base drafts (layers kept), comma-separated")
-    parser.add_argument("--sampling-k", type=int, default=3, help="draft chain length at temperature > 0")
-    parser.add_argument("--mc-samples", type=int, default=20000, help="Monte-Carlo seeds per rule (0: skip)")
-    parser.add_argument("--tiny-prompts", type=int, default=15, help="random prompts besides [3, 5, 7] for exact TV")
-    parser.add_argument("--skip-default", action="store_true", help="only the tiny-model part (for quick checks)")
-    parser.add_argument("--from-json", help="measure nothing: print the tables and verdicts of a saved --out file")
-    args = parser.parse_args(argv)
-    for name in ("limit", "max_new_tokens", "threads", "sampling_k"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    return args
 
 
 def measure_default(args: argparse.Namespace) -> dict[str, Any]:

@@ -51,7 +51,7 @@ step train 100 accelerate launch --num_processes 1 --num_machines 1 --mixed_prec
 step calibrate 90 specheads calibrate --base default --heads "$OUT/train/heads" --device "$DEVICE" --batches 5 \
     --new-tokens 48
 step bench 100 specheads bench --base default --draft-model default --heads default --device "$DEVICE" --limit 12 \
-    --max-new-tokens 128 --methods hf-assisted,none,draft-adaptive,prompt-lookup --trees eagle=chain-3,dynamic \
+    --max-new-tokens 128 --methods hf-assisted,none,draft-adaptive,prompt-lookup,eagle --trees eagle=chain-3,dynamic \
     --out "$OUT/bench"
 # shellcheck disable=SC2086  # VERIFY_ARGS is a list of options
 step verify 60 "$PYTHON" scripts/verify_cost_curve.py --device "$DEVICE" --json "$OUT/verify.json" $VERIFY_ARGS

@@ -23,7 +23,9 @@ Baselines: ``hf-greedy`` (``generate(do_sample=False)``, the denominator of ever
 (``assistant_model=`` the same draft model, when one is given) and ``hf-prompt-lookup``
 (``prompt_lookup_num_tokens=``). specheads methods: ``none``, ``draft-k{K}``, ``draft-adaptive``, ``prompt-lookup``
 and, for each ``--heads`` checkpoint, ``<head type>-<tree>`` (e.g. ``medusa-chain-3``, ``eagle-dynamic``,
-``eagle-auto``). Rows with statistics report the per-step draft and verify time, which says which tree size pays.
+``eagle-auto``); with ``--prompt-lookup``, each of them but ``prompt-lookup`` also with prompt lookup composed
+(``none+lookup``, ``draft-k3+lookup``, ``eagle-dynamic+lookup``, ...). Rows with statistics report the per-step draft
+and verify time, which says which tree size pays.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.extras import install_hint
+from specheads.inference.construction import calibrated_lookup
 from specheads.inference.decoder import SpecDecoder
-from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter
+from specheads.inference.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
 from specheads.loading import eos_token_ids, pad_token_id
 from specheads.machine import BUSY_CORES
 from specheads.metrics import SpecStats
@@ -174,6 +178,13 @@ def _spec_runner(decoder: SpecDecoder, **generate_kwargs: Any) -> RunFn:
     return run
 
 
+def _lookup_row(base: PreTrainedModel, name: str, drafter: Drafter, **generate_kwargs: Any) -> BenchMethod:
+    """The ``<name>+lookup`` row: ``drafter`` with prompt lookup composed, in the settings calibrated with its heads
+    (``calibrate --prompt-lookup``), else the defaults (what ``from_pretrained(..., prompt_lookup=True)`` takes)."""
+    decoder = SpecDecoder(base, drafter, prompt_lookup=calibrated_lookup(drafter) or True)
+    return BenchMethod(f"{name}+lookup", _spec_runner(decoder, **generate_kwargs), has_stats=True)
+
+
 def build_methods(
     base: PreTrainedModel,
     draft: PreTrainedModel | None,
@@ -183,12 +194,22 @@ def build_methods(
     draft_confidence: float = 0.4,
     heads: Sequence[tuple[str, torch.nn.Module]] = (),
     trees: dict[str, Sequence[str]] | None = None,
+    prompt_lookup: bool = False,
 ) -> list[BenchMethod]:
     """The methods of a benchmark run; ``hf-greedy`` always comes first (it is the reference).
 
     ``draft-adaptive`` drafts up to ``max(draft_ks)`` tokens and stops when the draft's confidence in its token falls
     below ``draft_confidence`` (0.4 is transformers' initial ``assistant_confidence_threshold``). ``heads`` rows use
     ``trees[head type]`` (default: the head type's ``bench_trees``); a tree the heads cannot decode is skipped.
+    ``only`` keeps the rows it names, of every family: row names (``none``, ``draft-k3``, ``eagle-chain-3``, ...) or
+    a ``heads`` label for all of its rows (``eagle``); ``hf-greedy`` and the exactness reference always run.
+
+    ``prompt_lookup``: each specheads row but ``prompt-lookup`` gets a ``<row>+lookup`` row next to it, its drafter
+    with prompt lookup composed (:func:`_lookup_row`): ``none+lookup``, ``draft-k3+lookup``, ``eagle-dynamic+lookup``,
+    ...; ``only`` names them, or ``<label>+lookup`` (``eagle+lookup``) for all of a heads label's lookup rows.
+
+    Raises:
+        ValueError: ``only`` names no row and no label.
     """
     pad = pad_token_id(base)
     pad = 0 if pad is None else pad  # padded positions are masked: any id will do
@@ -201,21 +222,23 @@ def build_methods(
     )
     plain = SpecDecoder(base, NoDrafter())
     methods.append(BenchMethod("none", _spec_runner(plain), has_stats=True, exact_reference=plain.batch_invariant))
+    if prompt_lookup:
+        methods.append(_lookup_row(base, "none", plain.drafter))
     if draft is not None:
         for k in draft_ks:
             decoder = SpecDecoder(base, DraftModelDrafter(draft, k))
             methods.append(BenchMethod(f"draft-k{k}", _spec_runner(decoder), has_stats=True))
+            if prompt_lookup:
+                methods.append(_lookup_row(base, f"draft-k{k}", decoder.drafter))
         adaptive = DraftModelDrafter(draft, max(draft_ks), confidence_threshold=draft_confidence)
         methods.append(BenchMethod("draft-adaptive", _spec_runner(SpecDecoder(base, adaptive)), has_stats=True))
+        if prompt_lookup:
+            methods.append(_lookup_row(base, "draft-adaptive", adaptive))
     methods.append(
         BenchMethod("prompt-lookup", _spec_runner(SpecDecoder(base, PromptLookupDrafter(lookup_k))), has_stats=True)
     )
-    if only:
-        unknown = sorted(set(only) - {m.name for m in methods})
-        if unknown:
-            raise ValueError(f"unknown bench methods {unknown}; available: {[m.name for m in methods]}")
-        methods = [m for m in methods if m.name == "hf-greedy" or m.exact_reference or m.name in only]
-    for label, head_module in heads:  # --heads rows are always kept
+    labels = {}  # a heads row's name -> its heads' label
+    for label, head_module in heads:
         head_type = head_type_of(head_module)
         for tree in (trees or {}).get(head_type.name, head_type.bench_trees):
             drafter = head_type.make_drafter(head_module)
@@ -225,6 +248,20 @@ def build_methods(
             except ValueError:  # a tree these heads cannot decode (deeper than Medusa's heads, ...): no row
                 continue
             methods.append(BenchMethod(f"{label}-{tree}", _spec_runner(decoder, tree=tree), has_stats=True))
+            labels[methods[-1].name] = label
+            if prompt_lookup:
+                methods.append(_lookup_row(base, f"{label}-{tree}", drafter, tree=tree))
+                labels[methods[-1].name] = f"{label}+lookup"
+    if only:
+        available = [m.name for m in methods] + [label for label, _ in heads]
+        available += [f"{label}+lookup" for label, _ in heads] if prompt_lookup else []
+        unknown = sorted(set(only) - set(available))
+        if unknown:
+            raise ValueError(f"unknown bench methods {unknown}; available: {available}")
+        wanted = set(only)
+        methods = [
+            m for m in methods if m.name == "hf-greedy" or m.exact_reference or {m.name, labels.get(m.name)} & wanted
+        ]
     return methods
 
 
@@ -540,7 +577,7 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> list[str]:
     try:
         plot_speedups(report, out / "speedup.png")
     except ImportError:
-        print("speedup.png not written: matplotlib is not installed (pip install 'specheads[plot]')", file=sys.stderr)
+        print(f"speedup.png not written: matplotlib is not installed ({install_hint('matplotlib')})", file=sys.stderr)
         return ["report.json", "report.md"]
     return ["report.json", "report.md", "speedup.png"]
 

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specheads.arguments import DTYPE_CHOICES, positive_int
-from specheads.registry import HEAD_TYPES, export_formats
+from specheads.arguments import DTYPE_CHOICES, check_output_path, positive_int, positive_int_list
+from specheads.extras import EXTRAS, install_hint
+from specheads.registry import HEAD_TYPES, export_format, export_formats
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -35,6 +36,11 @@ DTYPE_HELP = (
     "the base's compute dtype. auto (default): bfloat16 on a CPU with native bf16 dot products (AVX512-BF16 or AMX) "
     "when the checkpoint is bf16 or a GGUF, else the checkpoint's own dtype. Exact means: float32 output equals "
     "transformers' greedy; bf16/fp16 output equals this engine's own one-token decoding in that dtype"
+)
+PROMPT_LOOKUP_HELP = (
+    "compose prompt lookup with the drafter (any method; alone with --method none): the continuations of the "
+    "context's longest repeated suffix join the drafter's tree, verified in the same forward (output unchanged); "
+    "tokens proposed by match length as calibrated with the heads (calibrate --prompt-lookup), else the defaults"
 )
 # The acceptance rules (specheads.inference.acceptance.ACCEPTANCE_RULES, kept torch-free here for --help).
 ACCEPTANCE_CHOICES = ("auto", "greedy", "rejection", "typical", "threshold", "alpha")
@@ -110,6 +116,7 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
         "--total-tokens", type=int, help="dynamic tree or DDTree: drafted nodes verified per step (the node budget)"
     )
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--prompt-lookup", action="store_true", help=PROMPT_LOOKUP_HELP)
     _add_machine(parser)
     parser.add_argument("--stats", action="store_true", help="print tau, acceptance by depth and timings")
     parser.add_argument("--json", action="store_true", help="print one JSON object (text and statistics)")
@@ -149,31 +156,30 @@ def _generate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         device=args.device,
         num_speculative_tokens=args.num_speculative_tokens,
+        prompt_lookup=args.prompt_lookup,
     )
     _note_cut(_print_generation(decoder, prompt, config, as_json=args.json, stats=args.stats))
     return 0
 
 
 def _print_generation(decoder, prompt, config, as_json: bool, stats: bool):  # noqa: ANN001, ANN202
-    """Print one generation: a JSON record, the streamed text, or the text and its statistics (on stderr)."""
+    """Print one generation: a JSON record (printed whole at the end), or the text streamed as it is decoded (the
+    progress a user watches), then with ``stats`` its statistics on stderr."""
     if as_json:
         out = decoder.generate(prompt, generation_config=config)
         record = {"text": out.text, "new_tokens": out.new_tokens, "finish_reason": out.finish_reason}
         print(json.dumps({**record, "tokens_cut": out.tokens_cut, "stats": out.stats.to_dict()}))
         return out
-    if not stats:
-        pieces = decoder.stream(prompt, generation_config=config)
-        out = None
-        while out is None:
-            try:
-                print(next(pieces), end="", flush=True)
-            except StopIteration as stop:  # the stream's return value: the GenerationOutput
-                out = stop.value
-        print()
-        return out
-    out = decoder.generate(prompt, generation_config=config)
-    print(out.text)
-    print(f"[{decoder.drafter.name}] {out.stats.summary()}", file=sys.stderr)
+    pieces = decoder.stream(prompt, generation_config=config)
+    out = None
+    while out is None:
+        try:
+            print(next(pieces), end="", flush=True)
+        except StopIteration as stop:  # the stream's return value: the GenerationOutput
+            out = stop.value
+    print()
+    if stats:
+        print(f"[{decoder.drafter.name}] {out.stats.summary()}", file=sys.stderr)
     return out
 
 
@@ -264,18 +270,31 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--repeats", type=positive_int, default=1, help="passes over the prompts (more: less noise)")
     parser.add_argument(
         "--batch-size",
-        type=int,
+        type=positive_int,
         nargs="+",
         default=[1],
         metavar="B",
         help="batch sizes, e.g. 1 2 4 8: consecutive groups of B prompts are decoded in one call and compared with "
         "transformers' batched greedy generate at the same B (hf-assisted and hf-prompt-lookup run at 1 only)",
     )
-    parser.add_argument("--draft-k", default="1,3,5,8", help="comma-separated K values for draft-k* rows")
+    parser.add_argument(
+        "--draft-k", type=positive_int_list, default="1,3,5,8", help="comma-separated K values for draft-k* rows"
+    )
     parser.add_argument(
         "--lookup-k", type=positive_int, default=10, help="tokens per prompt-lookup proposal (both sides)"
     )
-    parser.add_argument("--methods", help="comma-separated subset of methods (hf-greedy always runs)")
+    parser.add_argument(
+        "--methods",
+        help="comma-separated rows to run, of every family: e.g. none,draft-k3,eagle-chain-3, or a --heads label "
+        "(eagle, medusa, ...) for all of its rows (default: every row; hf-greedy always runs); with "
+        "--prompt-lookup also <row>+lookup (none+lookup, draft-k3+lookup, ...) or <label>+lookup (eagle+lookup)",
+    )
+    parser.add_argument(
+        "--prompt-lookup",
+        action="store_true",
+        help="add a <row>+lookup row next to each specheads row: its drafter with prompt lookup composed, as "
+        "generate --prompt-lookup runs it (implied when --methods names a +lookup row)",
+    )
     _add_machine(parser)
     parser.add_argument("--out", required=True, help="output directory")
     parser.set_defaults(handler=_bench)
@@ -289,9 +308,8 @@ def _bench(args: argparse.Namespace) -> int:
     from specheads.machine import LoadMeter
     from specheads.prompts import load_prompts, prompts_file
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():  # checked before the benchmark runs, not after
-        raise ValueError(f"--out {out} is a file; give a directory for report.json, report.md and speedup.png")
+    check_output_path(args.out, "directory")  # before the benchmark runs, not after it
+    trees = _tree_lists(args.trees)  # before any model loads
 
     load = _set_threads(args.threads)
     _warn_if_busy(load)
@@ -310,11 +328,18 @@ def _bench(args: argparse.Namespace) -> int:
     if args.draft_model:
         check_same_tokenizer(tokenizer, args.draft_model)
         draft = load_causal_lm(args.draft_model, dtype=base.dtype, device=base.device, role="draft")
-    draft_ks = [int(k) for k in args.draft_k.split(",") if k.strip()]
     only = [m.strip() for m in args.methods.split(",")] if args.methods else None
     heads, base, merged = heads_for_comparison(args.heads, base, args.base)
+    with_lookup = args.prompt_lookup or any(name.endswith("+lookup") for name in only or ())
     methods = build_methods(
-        base, draft, draft_ks=draft_ks, lookup_k=args.lookup_k, only=only, heads=heads, trees=_tree_lists(args.trees)
+        base,
+        draft,
+        draft_ks=args.draft_k,
+        lookup_k=args.lookup_k,
+        only=only,
+        heads=heads,
+        trees=trees,
+        prompt_lookup=with_lookup,
     )
     meter = LoadMeter().start()
     run_bench(methods, prompts, tokenizer, args.max_new_tokens, repeats=args.repeats, batch_sizes=batch_sizes)
@@ -426,7 +451,7 @@ def _add_distill(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=positive_int, default=256)
     _add_sampling(parser)
     parser.add_argument(
-        "--batch-size", type=int, default=8, help="prompts per generate call (left-padded without speculation)"
+        "--batch-size", type=positive_int, default=8, help="prompts per generate call (left-padded without speculation)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds sampling, per record with its id")
     parser.add_argument("--limit", type=positive_int, help="use the first N prompts")
@@ -464,6 +489,7 @@ def _distill(args: argparse.Namespace) -> int:
 
     _set_threads(args.threads)
     speculate = _check_distill_options(args)
+    check_output_path(args.out, "file")
     tokenizer = load_tokenizer(args.base)
     prompts = load_prompts(args.prompts, tokenizer, limit=args.limit)
     check_unique_ids(prompts)
@@ -613,6 +639,13 @@ def _add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-nodes", type=int, default=32, help="largest tree timed")
     parser.add_argument("--prompt-tokens", type=int, default=48, help="held-out prompt length for the timed decodes")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per timed decode")
+    parser.add_argument(
+        "--prompt-lookup",
+        action="store_true",
+        help="also calibrate prompt lookup composed with the heads: its acceptance by match length on the fastest "
+        "tree chooses the tokens it proposes per match length (stored in tree.json; generate --prompt-lookup and "
+        "from_pretrained(..., prompt_lookup=True) read them)",
+    )
     _add_machine(parser, device_help="where to measure: cpu, cuda, cuda:1, ... (tree='auto' is per machine)")
     parser.add_argument(
         "overrides",
@@ -651,6 +684,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         prompt_tokens=args.prompt_tokens,
         new_tokens=args.new_tokens,
         log=lambda line: print(f"calibrate: {line}", flush=True),
+        prompt_lookup=args.prompt_lookup,
     )
     path = write_calibration(args.heads, result.record)
     print(result.summary(path))
@@ -710,6 +744,8 @@ def _export(args: argparse.Namespace) -> int:
     ]
     if missing:
         raise ValueError(f"export needs {', '.join(missing)} (or --check DIR)")
+    one_file = bool(export_format(args.format).suffix)  # gguf: one file; the other formats: a directory
+    check_output_path(args.out, "file" if one_file else "directory", staged=True)  # before the heads load
     result = export_named(
         args.heads,
         args.out,
@@ -771,29 +807,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ModuleNotFoundError as error:
-        extra = _EXTRAS.get((error.name or "").split(".")[0])
-        if extra is None:
+        module = (error.name or "").split(".")[0]
+        if module not in EXTRAS:
             raise
+        extra = EXTRAS[module][0]
+        needs = f"this command needs the {extra} extra" if extra else "specheads needs it"
         print(
-            f"specheads {args.command}: error: {error.name} is not installed; this command needs the {extra} extra: "
-            f"pip install 'specheads[{extra}]'",
+            f"specheads {args.command}: error: {module} is not installed; {needs}: {install_hint(module)}",
             file=sys.stderr,
         )
         return 2
     except (ValueError, FileNotFoundError, NotImplementedError, ConnectionError) as error:
         print(f"specheads {args.command}: error: {error}", file=sys.stderr)
         return 2
-
-
-# Optional dependencies and the extra (pyproject.toml) that installs each.
-_EXTRAS = {
-    "accelerate": "train",
-    "datasets": "train",
-    "peft": "train",
-    "wandb": "train",
-    "matplotlib": "plot",
-    "gguf": "gguf",
-}
 
 
 if __name__ == "__main__":

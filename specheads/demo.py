@@ -83,7 +83,7 @@ def run_demo(max_new_tokens: int = 128, prompt_index: int = 0, threads: int | No
         base,
         draft,
         draft_ks=(DEMO_DRAFT_K,),
-        only=["none", "draft-adaptive", "prompt-lookup"],
+        only=["none", "draft-adaptive", "prompt-lookup", *(label for label, _ in heads)],
         heads=heads,
         trees={"medusa": (DEMO_TREE,), "eagle": (DEMO_EAGLE_TREE,)},
     )

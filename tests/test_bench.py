@@ -137,6 +137,27 @@ def test_a_plain_prompt_file_keeps_the_report_it_had(models, tmp_path) -> None:
     assert "by category" not in (tmp_path / "plain" / "report.md").read_text()
 
 
+def test_methods_keeps_the_rows_it_names_of_every_family(models, tmp_path) -> None:
+    """--methods filters the transformers rows, the drafters' rows and the --heads rows alike; a --heads label keeps
+    all of its rows; hf-greedy, the reference, always runs."""
+    from specheads.heads import MedusaHeads
+
+    heads = tmp_path / "medusa"
+    MedusaHeads.from_base(tiny_model("llama", seed=1), num_heads=2).save_pretrained(heads)
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text(json.dumps({"id": "p0", "prompt": "x = 1"}) + "\n")
+    every = ["--prompts", str(prompts), "--draft-model", str(models / "draft"), "--draft-k", "2"]
+    every += ["--heads", str(heads), "--trees", "medusa=chain-1,chain-2"]
+
+    def rows(methods: str) -> list[str]:
+        report = bench(models, tmp_path / methods, *every, "--methods", methods)
+        return [row["name"] for row in report["methods"]]
+
+    assert rows("none") == ["hf-greedy", "none"]
+    assert rows("medusa-chain-2,hf-assisted") == ["hf-greedy", "hf-assisted", "medusa-chain-2"]
+    assert rows("medusa,prompt-lookup") == ["hf-greedy", "prompt-lookup", "medusa-chain-1", "medusa-chain-2"]
+
+
 def test_mt_bench_without_the_package_is_a_clear_error(models, tmp_path, monkeypatch, capsys) -> None:
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import sys
+from pathlib import Path
 
 import pytest
 from helpers import tiny_model, tiny_tokenizer
@@ -47,6 +50,35 @@ def test_generate_prints_text_and_stats(model_dirs, capsys) -> None:
     assert code == 0
     assert "tau" in captured.err and "[draft]" in captured.err
     assert captured.out.strip()
+
+
+@pytest.mark.parametrize("stats", [[], ["--stats"]])
+def test_generate_shows_the_text_while_it_decodes(model_dirs, monkeypatch, stats) -> None:
+    """The text is written as steps are accepted, not once at the end: a decode of minutes is never silent, with
+    --stats too (the statistics follow on stderr)."""
+    from specheads.inference.decoder import SpecDecoder
+
+    events: list[tuple[str, str]] = []
+    real_step = SpecDecoder._step
+
+    def step(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        events.append(("step", ""))
+        return real_step(self, *args, **kwargs)
+
+    class Recorder(io.StringIO):
+        def write(self, text: str) -> int:
+            events.append(("out", text))
+            return super().write(text)
+
+    monkeypatch.setattr(SpecDecoder, "_step", step)
+    monkeypatch.setattr("sys.stdout", Recorder())
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    base = str(model_dirs / "base")
+    assert main(["generate", "--base", base, "--method", "none", "--max-new-tokens", "8", *stats, "def f(x):"]) == 0
+    written = [i for i, (kind, text) in enumerate(events) if kind == "out" and text.strip()]
+    steps = [i for i, (kind, _) in enumerate(events) if kind == "step"]
+    assert len(steps) == 8 and written and written[0] < steps[-1]  # text out before the last step ran
+    assert ("tau" in sys.stderr.getvalue()) is bool(stats)
 
 
 def test_generate_json_matches_greedy_of_every_method(model_dirs, capsys) -> None:
@@ -183,7 +215,7 @@ def test_bench_with_medusa_heads_adds_medusa_rows(model_dirs, tmp_path) -> None:
             "--trees",
             "medusa=chain-2,chain-3",
             "--methods",
-            "none",
+            "none,medusa",
             "--out",
             str(out),
         ]
@@ -265,7 +297,7 @@ def test_bench_with_eagle_heads_adds_eagle_rows_with_the_draft_verify_split(mode
             "--trees",
             "eagle=chain-3,dynamic,auto",
             "--methods",
-            "none",
+            "none,eagle",
             "--out",
             str(out),
         ]
@@ -382,11 +414,47 @@ def test_missing_local_base_and_cuda_without_a_device_are_named(tmp_path, capsys
         assert "no CUDA device is available here" in capsys.readouterr().err
 
 
-def test_bench_out_naming_a_file_is_refused_before_any_work(tmp_path, capsys) -> None:
-    target = tmp_path / "report"
-    target.write_text("mine")
-    assert main(["bench", "--base", "default", "--limit", "1", "--out", str(target)]) == 2
-    assert "is a file" in capsys.readouterr().err and target.read_text() == "mine"
+# --out that cannot be written: (command, --out below tmp_path, the error after "--out PATH").
+BAD_OUTS = {
+    "bench-a-file": ("bench", "a-file", "is a file; give a directory"),
+    "bench-below-a-file": ("bench", "a-file/report", "cannot be created: {tmp}/a-file is a file, not a directory"),
+    "bench-read-only": ("bench", "read-only/report", "cannot be created: {tmp}/read-only is not writable"),
+    "distill-a-folder": ("distill", "a-folder", "is a directory; give a file"),
+    "distill-read-only": ("distill", "read-only/d.jsonl", "cannot be created: {tmp}/read-only is not writable"),
+    "export-a-file": ("eagle3", "a-file", "is a file; give a directory"),
+    "export-read-only-parent": ("eagle3", "read-only/empty", "cannot be created: {tmp}/read-only is not writable"),
+    "export-gguf-a-folder": ("gguf", "a-folder.gguf", "is a directory; give a file"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_OUTS))
+def test_an_unwritable_out_is_one_line_naming_it_before_any_work(case, model_dirs, tmp_path, monkeypatch, capsys):
+    command, name, message = BAD_OUTS[case]
+    (tmp_path / "a-file").write_text("mine")
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-folder.gguf").mkdir()
+    read_only = tmp_path / "read-only"
+    (read_only / "empty").mkdir(parents=True)
+    read_only.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anywhere: os.access answers for read-only as it would for anyone else
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != read_only and access(path, mode, **kw))
+
+    def work(*args, **kwargs):
+        raise AssertionError("a model or tokenizer loaded before --out was checked")
+
+    monkeypatch.setattr("specheads.loading.load_tokenizer", work)
+    monkeypatch.setattr("specheads.loading.load_causal_lm", work)
+    out, base, prompts = tmp_path / name, str(model_dirs / "base"), str(model_dirs / "prompts.jsonl")
+    argv = {
+        "bench": ["bench", "--base", base, "--prompts", prompts, "--max-new-tokens", "1"],
+        "distill": ["distill", "--base", base, "--prompts", prompts, "--max-new-tokens", "1"],
+    }.get(command, ["export", "--heads", str(_eagle_dir(tmp_path)), "--base", base, "--format", command])
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    program = "export" if argv[0] == "export" else command
+    assert err == f"specheads {program}: error: --out {out} {message.format(tmp=tmp_path)}\n"
+    assert (tmp_path / "a-file").read_text() == "mine" and sorted(p.name for p in read_only.iterdir()) == ["empty"]
 
 
 def test_a_prompt_that_is_not_utf8_is_named_not_a_traceback(model_dirs, monkeypatch, capsys) -> None:
@@ -412,6 +480,16 @@ def test_output_cut_by_the_position_limit_is_reported(model_dirs, capsys) -> Non
     assert "position limit" not in capsys.readouterr().err
 
 
+def test_a_request_beyond_the_model_positions_is_cut_or_refused_in_one_line(model_dirs, capsys) -> None:
+    base = str(model_dirs / "base")  # 256 positions
+    assert main(["generate", "--base", base, "--max-new-tokens", str(10**6), "--json", "def f(x):"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["finish_reason"] == "max_length" and len(record["new_tokens"]) == 256 - len("def f(x):")
+    assert main(["generate", "--base", base, "--max-new-tokens", "2", "x" * 300]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the prompt has 300 tokens; the model allows at most 256 positions" in err
+
+
 def test_acceptance_choices_are_the_rules_and_a_bad_one_is_a_usage_error(capsys) -> None:
     from specheads.cli import ACCEPTANCE_CHOICES
     from specheads.inference.acceptance import ACCEPTANCE_RULES
@@ -422,19 +500,25 @@ def test_acceptance_choices_are_the_rules_and_a_bad_one_is_a_usage_error(capsys)
     assert "invalid choice: 'magic'" in capsys.readouterr().err
 
 
-def test_a_missing_optional_dependency_names_its_extra(monkeypatch, capsys) -> None:
-    """A command whose extra is not installed says which `pip install 'specheads[...]'` it needs."""
+@pytest.mark.parametrize("checkout", [True, False])
+def test_a_missing_optional_dependency_names_its_extra(monkeypatch, capsys, tmp_path, checkout) -> None:
+    """A command whose extra is not installed names the extra and the pip command for this install: from a
+    checkout, the extra of the checkout (``pip install "specheads[...]"`` would look for specheads on the index)."""
     import specheads.cli as cli
+    from specheads import extras
 
-    def needs_accelerate(args):  # noqa: ANN001, ANN202
-        raise ModuleNotFoundError("No module named 'accelerate'", name="accelerate")
+    def needs_peft(args):  # noqa: ANN001, ANN202
+        raise ModuleNotFoundError("No module named 'peft.tuners'", name="peft.tuners")
 
+    monkeypatch.setattr(extras, "source_checkout", lambda: tmp_path if checkout else None)
     parser = cli.build_parser()
     args = parser.parse_args(["train", "--config", "x.yaml"])
     monkeypatch.setattr(cli, "build_parser", lambda: _Fixed(parser, args))
-    args.handler = needs_accelerate
+    args.handler = needs_peft
     assert cli.main(["train"]) == 2
-    assert "pip install 'specheads[train]'" in capsys.readouterr().err
+    command = f'pip install -e "{tmp_path}[train]"' if checkout else 'pip install "specheads[train]"'
+    expected = f"specheads train: error: peft is not installed; this command needs the train extra: {command}"
+    assert capsys.readouterr().err == f"{expected}  (or: pip install peft)\n"
 
 
 class _Fixed:
