@@ -15,6 +15,15 @@ method's draft-cost model, its registry entry's ``draft_cost``); the chosen tree
 parameters that can grow it (:func:`dynamic_parameters`). A block drafter (DFlash, DSpark) pays its draft cost once
 per step, whatever the depth (one block forward drafts every depth), and its DDTree node budgets are timed too: the
 fastest is ``tree="ddtree"``'s budget.
+
+With ``prompt_lookup`` (``calibrate --prompt-lookup``) the split of the tree between the heads and a prompt lookup
+composed with them (:mod:`specheads.inference.lookup`) is calibrated too: the fastest measured tree decodes the
+calibration prompts with a lookup that proposes long branches at every match length, the acceptance of the lookup's
+d-th token is counted by match length n, and ``tokens_by_match[n]`` keeps depth d while that acceptance pays for
+one more verified node (:func:`lookup_threshold`, :func:`choose_lookup_tokens`). The table is the record's
+``"lookup"``, which ``SpecDecoder.from_pretrained(..., prompt_lookup=True)`` reads; a record without one (a
+calibration without ``--prompt-lookup``, which a new calibration of the tree replaces) leaves the lookup's
+documented defaults (``lookup.DEFAULT_TOKENS_BY_MATCH``).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import torch
 
 from specheads.heads.calibration import calibration_key, write_calibration  # noqa: F401 - calibrate's writer
 from specheads.inference import attention, kv_cache
+from specheads.inference.lookup import DEFAULT_TOKENS_BY_MATCH, PromptLookup
 from specheads.inference.trees import grow_tree, tree_from_parents
 from specheads.loading import vocab_size
 
@@ -186,6 +196,110 @@ def measure_decoding(
     ]
 
 
+# ------------------------------------------------------------------ the prompt lookup's share of the tree
+LOOKUP_PROBE_TOKENS = 10  # what the measuring lookup proposes at every match length: more than any default
+LOOKUP_MIN_OFFERS = 4  # a depth offered fewer times is not measured: a calibrated branch stops before it
+
+
+def lookup_threshold(step_ms: dict[int, float], nodes: int, tau: float, step_time_ms: float, extra_nodes: int) -> float:
+    """The acceptance a lookup node needs to pay for its verification: ``tau * m / c``.
+
+    A step of the chosen tree (``nodes`` drafted nodes) yields ``tau`` tokens in ``c = step_time_ms``. One more node,
+    accepted with probability p, adds p tokens and ``m`` ms, the verify cost curve's mean slope (``step_ms``, ms by
+    query tokens) over the ``extra_nodes`` the lookup may add. Tokens per second grow, (tau + p) / (c + m) >=
+    tau / c, exactly when p >= tau * m / c.
+    """
+    size = nodes + 1  # the root is verified too
+    marginal = (_interpolate(step_ms, size + extra_nodes) - _interpolate(step_ms, size)) / max(extra_nodes, 1)
+    return max(0.0, tau * marginal / step_time_ms)
+
+
+def choose_lookup_tokens(
+    offered: dict[int, Sequence[int]],
+    taken: dict[int, Sequence[int]],
+    threshold: float,
+    min_ngram: int,
+    max_ngram: int,
+    min_offers: int = LOOKUP_MIN_OFFERS,
+) -> tuple[int, ...]:
+    """``PromptLookup.tokens_by_match`` (index n: tokens proposed for a suffix match of n tokens) from measured
+    acceptance.
+
+    ``offered[n][d]`` / ``taken[n][d]``: how often a branch of match length n offered its token d + 1, and how often
+    that token was accepted (:class:`~specheads.inference.lookup.LookupStats`). Match length n keeps tokens while
+    each is accepted at least ``threshold`` of the times it was offered (and at least once), and was offered at
+    least ``min_offers`` times: the largest L whose tokens 1..L all pass. A token is accepted only after the ones
+    before it, so acceptance falls with depth, and a depth that fails ends the branch even if a deeper one, measured
+    on fewer offers, happens to pass. A match length measured fewer than ``min_offers`` times takes the choice of
+    the nearest shorter measured one (a longer match is at least as reliable), else the documented default
+    (``DEFAULT_TOKENS_BY_MATCH``); lengths below ``min_ngram`` propose nothing.
+
+    Returns:
+        ``max_ngram + 1`` counts.
+    """
+    default = PromptLookup(tokens_by_match=DEFAULT_TOKENS_BY_MATCH)
+    tokens = [0] * (max_ngram + 1)
+    shorter = None  # the choice of the longest measured match length so far
+    for match in range(min_ngram, max_ngram + 1):
+        offers, takes = offered.get(match, ()), taken.get(match, ())
+        if not offers or offers[0] < min_offers:
+            tokens[match] = default.tokens_for(match) if shorter is None else shorter
+            continue
+        length = 0
+        while length < len(offers) and offers[length] >= min_offers:
+            acceptance = takes[length] / offers[length]
+            if acceptance <= 0 or acceptance < threshold:
+                break
+            length += 1
+        tokens[match] = shorter = length
+    return tuple(tokens)
+
+
+@torch.inference_mode()
+def calibrate_lookup(
+    base: torch.nn.Module,
+    drafter: Any,
+    prompts: Sequence[torch.Tensor],
+    tree: Any,
+    chosen: dict[str, float],
+    step_ms: dict[int, float],
+    max_new_tokens: int = 64,
+) -> dict[str, Any]:
+    """The record of a prompt lookup composed with ``drafter`` on ``tree`` (the calibration's fastest, whose measured
+    row ``chosen`` gives its ``nodes``, ``tau`` and ``tokens_per_s``): :class:`PromptLookup`'s record with the
+    calibrated ``tokens_by_match`` (see the module), plus what chose it (``threshold``, ``offered_by_match``,
+    ``acceptance_by_match``; :meth:`PromptLookup.from_record` reads only the settings)."""
+    from specheads.inference.decoder import SpecDecoder
+
+    probe = PromptLookup(tokens_by_match=(LOOKUP_PROBE_TOKENS,))
+    decoder = SpecDecoder(base, drafter, prompt_lookup=probe)
+    offered: dict[int, list[int]] = {}
+    taken: dict[int, list[int]] = {}
+    for prompt in prompts:
+        decoder.generate(prompt, max_new_tokens=max_new_tokens, tree=tree)
+        stats = decoder.drafter.last_stats
+        for counts, totals in ((stats.offered, offered), (stats.taken, taken)):
+            for match, by_depth in counts.items():
+                total = totals.setdefault(match, [])
+                total += [0] * (len(by_depth) - len(total))
+                for depth, count in enumerate(by_depth):
+                    total[depth] += count
+    step_time_ms = 1000.0 * chosen["tau"] / chosen["tokens_per_s"]
+    extra = probe.candidates * LOOKUP_PROBE_TOKENS
+    threshold = lookup_threshold(step_ms, int(chosen["nodes"]), chosen["tau"], step_time_ms, extra)
+    settings = PromptLookup(
+        tokens_by_match=choose_lookup_tokens(offered, taken, threshold, probe.min_ngram, probe.max_ngram)
+    )
+    return {
+        **settings.record(),
+        "threshold": threshold,
+        "offered_by_match": {str(n): offered[n] for n in sorted(offered)},
+        "acceptance_by_match": {
+            str(n): [t / o for t, o in zip(taken[n], offered[n], strict=True)] for n in sorted(offered)
+        },
+    }
+
+
 # ------------------------------------------------------------------ the whole calibration of one set of heads
 @dataclass
 class CalibrationResult:
@@ -224,6 +338,15 @@ class CalibrationResult:
                 f"DDTree node budget for this machine (tree='ddtree'): {record['budget']} (one block forward "
                 f"{record['draft_ms_per_step']:.2f} ms a step)"
             )
+        if "lookup" in record:
+            lookup = record["lookup"]
+            by_match = ", ".join(
+                f"{n}: {t}" for n, t in enumerate(lookup["tokens_by_match"]) if n >= lookup["min_ngram"]
+            )
+            lines.append(
+                f"prompt lookup tokens by match length ({by_match}): a lookup token is kept while accepted at least "
+                f"{lookup['threshold']:.3f} of the times (what one more verified node costs here)"
+            )
         if record["best_speedup_over_plain"] < 1.0:
             lines.append(
                 f"warning: no tree beats plain decoding on this machine (best {record['best_speedup_over_plain']:.2f}x"
@@ -242,13 +365,15 @@ def calibrate(
     prompt_tokens: int = 128,
     new_tokens: int = 64,
     log: Callable[[str], None] = lambda line: None,
+    prompt_lookup: bool = False,
 ) -> CalibrationResult:
     """Measure heads on held-out rows and choose the trees that pay on this machine.
 
     Held-out agreement per depth and rank (the method's evaluation), the base's verify cost curve and the method's
     draft cost per level give the cost model's tree; every candidate tree (and, for a method that grows them, the
     EAGLE-2 dynamic trees they imply) is then timed against plain decoding on held-out prompts, and the fastest
-    measured trees are recorded (``tree="auto"`` / ``"dynamic"`` read them).
+    measured trees are recorded (``tree="auto"`` / ``"dynamic"`` read them). With ``prompt_lookup``, the record's
+    ``"lookup"`` holds the tokens a prompt lookup composed with the heads proposes by match length (see the module).
 
     Args:
         base, heads: the base and heads bound to it.
@@ -257,6 +382,7 @@ def calibrate(
         max_nodes: the largest tree considered.
         prompt_tokens, new_tokens: the timed prompts' length and the tokens decoded after each.
         log: receives one line per phase (the CLI prints them).
+        prompt_lookup: also calibrate the lookup's share of the tree, on the fastest measured tree.
     """
     from specheads.inference.decoder import SpecDecoder
     from specheads.inference.drafters import NoDrafter
@@ -313,6 +439,12 @@ def calibrate(
         },
         "dtype": calibration_key(base),
     }
+    if prompt_lookup:
+        fastest = max(range(len(trees)), key=lambda index: measured[index]["tokens_per_s"])
+        chosen = measured[fastest]
+        log(f"measuring prompt lookup's acceptance by match length on the fastest tree ({chosen['nodes']} nodes)")
+        drafter = method.make_drafter(heads)
+        record["lookup"] = calibrate_lookup(base, drafter, prompts, trees[fastest], chosen, step_ms, new_tokens)
     return CalibrationResult(record, best, step_ms, agreement)
 
 
