@@ -134,7 +134,7 @@ class NoDrafter(Drafter):
 
 
 class PromptLookupDrafter(Drafter):
-    """Copy the continuation of the latest n-gram match in the context (Saxena 2023, "prompt lookup decoding").
+    """Copy the continuation of the earliest n-gram match in the context (Saxena 2023, "prompt lookup decoding").
 
     Like transformers' ``PromptLookupCandidateGenerator``: try n-gram sizes from ``max_ngram_size`` down to 1, take
     the first earlier occurrence of the context's last n tokens that has a continuation, and propose up to K tokens
