@@ -127,7 +127,7 @@ def test_prompt_lookup_finds_repeats(llama) -> None:
     prompt = _repetitive_prompt(30, seed=14)
     out = SpecDecoder(llama, PromptLookupDrafter(5)).generate(prompt, max_new_tokens=20)
     assert torch.equal(out.sequences, greedy_reference(llama, prompt, 20))
-    assert out.stats.steps <= 20
+    assert out.stats.steps < 20 and sum(out.stats.accepted_drafts) > 0  # the repeats were copied, in fewer steps
 
 
 def test_generation_stops_at_the_model_length_limit() -> None:
