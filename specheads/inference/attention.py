@@ -4,8 +4,8 @@ At temperature 0 the engine promises that speculative output equals plain decodi
 base's own attention keeps that promise in practice (its rounding differences are far below a logit gap). In bfloat16
 and float16 they are not: torch's SDPA kernel on CPUs blocks its work by the number of query rows, so the logits of
 a position computed alone (one-token decoding) and as the first node of an 8-node tree differ by up to a few tenths,
-and greedy outputs part within a hundred tokens. The linear layers are not the cause: on CPUs oneDNN's bf16 products
-give each row the same bits whatever the number of rows computed with it.
+and greedy outputs part within a hundred tokens. The linear layers' products also choose their kernel by the number
+of rows; :func:`batch_invariant` computes them in blocks whose every size rounds alike.
 
 :func:`invariant_attention` is registered in transformers' attention interface under :data:`NAME` (no modeling
 file is forked) and computed so that every number a query row produces depends only on that row, its keys and its
@@ -22,16 +22,16 @@ mask, not on the other rows or on the buffer's width:
 * the softmax runs in float32 over the last axis, a per-row reduction;
 * the result is rounded once to the model's dtype.
 
-:func:`use_invariant_attention` switches a model to it for a block of code and back. The engine does that for every
-bf16/fp16 base on a CPU (``SpecDecoder(attention="auto")``); calibration and the bench's engine rows time the same
-path. The scores are float32 where transformers' eager bf16 attention rounds them to bf16, so this is, if anything, the
-more precise of the two.
+:func:`batch_invariant` switches a model to it (and its linear layers to blocks) for a block of code and back. The
+engine does that for every bf16/fp16 base on a CPU (``SpecDecoder(attention="auto")``); calibration and the bench's
+engine rows time the same path. The scores are float32 where transformers' eager bf16 attention rounds them to bf16,
+so this is, if anything, the more precise of the two.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,7 +40,8 @@ import torch.nn.functional as F  # noqa: N812
 
 NAME = "specheads_invariant"
 MIN_ROWS = 8  # float32 products of 1-3 rows take a kernel that rounds differently from 4+ rows (measured on CPUs)
-_UNSUPPORTED = ("s_aux", "sinks", "softcap", "sliding_window")  # kwargs whose semantics this function does not apply
+# kwargs whose semantics this function does not apply (a position bias is added to the scores by SDPA and eager)
+_UNSUPPORTED = ("s_aux", "sinks", "softcap", "sliding_window", "position_bias")
 
 
 def invariant_attention(
@@ -216,24 +217,37 @@ def _configs(model: torch.nn.Module) -> list[Any]:
     return list(seen.values())
 
 
-_single_rows: dict[int, torch.Size] = {}  # id(linear module) -> the shape of the one-row input it is computing
+# bf16/fp16 products of more rows than this can take another oneDNN kernel, which rounds some rows differently from a
+# product of 2-32 rows (measured on a CPU with AMX: a 1,536 x 576 layer, 64 random rows, 8 of them part).
+MAX_PRODUCT_ROWS = 32
 
 
-def _pad_single_row(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """Forward pre-hook of a linear layer: a one-row input gets a second (zero) row."""
-    x = args[0]
-    if x.numel() != x.shape[-1]:
-        return None
-    _single_rows[id(module)] = x.shape
-    return (F.pad(x.reshape(1, -1), (0, 0, 0, 1)), *args[1:])
+def _rows_in_blocks(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A linear layer's ``forward`` computed as products of 2 to :data:`MAX_PRODUCT_ROWS` rows: the input's rows
+    (``[..., K]``, flattened) in consecutive blocks of :data:`MAX_PRODUCT_ROWS`, a lone row with a zero second row."""
+
+    def blocked(x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # [M, K]
+        if 2 <= rows.shape[0] <= MAX_PRODUCT_ROWS:
+            return forward(x)
+        outs = []
+        for block in rows.split(MAX_PRODUCT_ROWS):
+            count = block.shape[0]
+            outs.append(forward(F.pad(block, (0, 0, 0, 1)) if count == 1 else block)[:count])
+        out = torch.cat(outs)  # [M, N]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    return blocked
 
 
-def _take_single_row(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor | None:
-    """Forward hook of a linear layer: the first row of a padded product, in the input's shape."""
-    shape = _single_rows.pop(id(module), None)
-    if shape is None:
-        return None
-    return output[:1].reshape(*shape[:-1], output.shape[-1])
+def _product(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The layer's product with its weight laid out as ``nn.Linear``'s, ``[N, K]``: a ``Conv1D`` (weight ``[K, N]``)
+    is computed with a transposed copy of its weight, since oneDNN's bf16 products over a ``[K, N]`` weight change
+    kernels from as few as 5 rows (measured: 4,096 x 1,024), where over ``[N, K]`` they keep one up to 32 rows."""
+    if isinstance(module, torch.nn.Linear):
+        return module.forward
+    weight = module.weight.detach().t().contiguous()  # [N, K]
+    return lambda x: F.linear(x, weight, module.bias)
 
 
 def _linear_types() -> tuple[type, ...]:
@@ -247,11 +261,15 @@ def _linear_types() -> tuple[type, ...]:
 def batch_invariant(model: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
     """Run ``model`` batch-invariantly inside the block, then restore it.
 
-    Two switches: the attention goes through :func:`invariant_attention`, and every ``nn.Linear`` computes a one-row
-    input as the first row of a two-row product. oneDNN's bf16 products give a row the same bits for any number of
-    rows from 2 up, but one row alone takes a vector-matrix kernel that, for inner sizes past about a thousand (an MLP's
-    down projection), accumulates in another order: measured on SmolLM2-135M, one bf16 step in a few hundred rounds
-    differently, and that is enough to part greedy outputs. The second row costs about what a one-row product costs.
+    Two switches: the attention goes through :func:`invariant_attention`, and every linear layer (:func:`_linear_types`)
+    computes its rows as products of 2 to :data:`MAX_PRODUCT_ROWS` rows. oneDNN's bf16/fp16 products choose their
+    kernel by the number of rows, and for inner sizes past about a thousand (an MLP's down projection) the kernels
+    accumulate in different orders: one row alone takes a vector-matrix kernel (measured on SmolLM2-135M on a CPU with
+    AVX512-BF16: one bf16 step in a few hundred rounds differently, enough to part greedy outputs), and on a CPU with
+    AMX products of 33 rows or more take another kernel (a verified tree of 40 nodes then parts from plain decoding).
+    Products of 2 to 32 rows give a row the same bits on both, with the weight laid out as ``nn.Linear``'s (a
+    ``Conv1D`` holds a transposed copy of its weight while the switch is on: :func:`_product`). The second row of a
+    one-row product costs about what a one-row product costs; a long prefill takes one product a block.
     """
     if not enabled:
         yield
@@ -259,17 +277,19 @@ def batch_invariant(model: torch.nn.Module, enabled: bool = True) -> Iterator[No
     register()
     configs = _configs(model)
     before = [config._attn_implementation for config in configs]
-    handles = []
+    linears = [module for module in model.modules() if isinstance(module, _linear_types())]
+    own_forwards = [module.__dict__.get("forward") for module in linears]  # (set by accelerate's offload hooks)
     try:
         for config in configs:
             config._attn_implementation = NAME
-        for module in model.modules():
-            if isinstance(module, _linear_types()):
-                handles.append(module.register_forward_pre_hook(_pad_single_row))
-                handles.append(module.register_forward_hook(_take_single_row))
+        for module in linears:
+            module.forward = _rows_in_blocks(_product(module))
         yield
     finally:
-        for handle in handles:
-            handle.remove()
+        for module, forward in zip(linears, own_forwards, strict=True):
+            if forward is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = forward
         for config, name in zip(configs, before, strict=True):
             config._attn_implementation = name
