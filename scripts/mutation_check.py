@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutations import Mutation, all_mutations  # noqa: E402
+from mutations import Mutation, all_mutations, cpu_flags  # noqa: E402
 
 MUTATIONS = all_mutations()
 
@@ -133,6 +133,11 @@ def main() -> int:
         for mutation in chosen:
             print(f"{mutation.name}: {mutation.what} ({mutation.path}; tests: {' '.join(mutation.tests)})")
         return 0
+    flags = cpu_flags()
+    inapplicable = [m for m in chosen if not set(m.cpu_flags) <= flags]
+    for mutation in inapplicable:
+        print(f"n/a      {mutation.name}: needs a CPU with {', '.join(mutation.cpu_flags)} to do harm; not run here")
+    chosen = tuple(m for m in chosen if m not in inapplicable)
     started = time.perf_counter()
     pristine = Path(tempfile.mkdtemp(prefix="mutation-pristine-"))
     survivors = []
@@ -152,7 +157,7 @@ def main() -> int:
     minutes = (time.perf_counter() - started) / 60
     print(
         f"{len(chosen) - len(survivors)} of {len(chosen)} mutations caught, each proven on the unmutated tree "
-        f"({minutes:.1f} min, {args.jobs} at once)"
+        f"({minutes:.1f} min, {args.jobs} at once; {len(inapplicable)} not applicable on this CPU)"
     )
     return 1 if survivors else 0
 
