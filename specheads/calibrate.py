@@ -1,4 +1,6 @@
-"""Tree calibration: choose the tree that maximises tokens per second on *this* machine, for any trained heads.
+"""Tree calibration: choose the tree that maximises tokens per second on *this* machine, for trained heads whose
+held-out evaluation reports per-rank agreement (Medusa, EAGLE, DFlash / DSpark; not draft-LM heads, which draft a
+chain of K tokens and whose evaluation gives depth-1 agreement only).
 
 A tree pays when the tokens it is expected to add outweigh what verifying it costs. Both are measured:
 

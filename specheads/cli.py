@@ -403,8 +403,9 @@ def _add_train(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
         help="train draft heads (one process; use `accelerate launch -m specheads.train` for several)",
-        description="Train draft heads (Medusa, EAGLE-1, EAGLE-3) on a frozen base as a recipe YAML says; "
-        "key.sub=value overrides win.",
+        description="Train a drafter as a recipe YAML says (heads.type): Medusa-1 heads, or Medusa-2 heads with LoRA "
+        "adapters on the base (lora.enabled); EAGLE-1 / EAGLE-3 heads; DFlash / DSpark block drafters; a draft-LM "
+        "distilled from the base's layers. The base stays frozen but under Medusa-2. key.sub=value overrides win.",
     )
     add_arguments(parser)
     parser.set_defaults(handler=_train)

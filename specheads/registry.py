@@ -3,8 +3,10 @@ own folder (``specheads/methods/<name>/``: recipe section, heads module, drafter
 
 The entry also states what the rest of specheads asks of a method: the export formats it writes, the engine layouts
 whose folders load as it, its draft-cost model for ``calibrate``, whether it grows dynamic trees, whether it can
-train jointly with the base. The decoder, CLI, trainer, calibration and export read these fields instead of
-branching on a method's name; a new method is a folder and an entry.
+train jointly with the base. The decoder, CLI, trainer, calibration and export look a method up in its entry and read
+these fields rather than comparing its name; a new method is a folder and an entry. Two method-specific things still
+live outside the folders: the grown tree kinds (EAGLE-2's ``"dynamic"``, DDTree's ``"ddtree"``), which the engine,
+calibration and export name, and Medusa-2's joint LoRA training (``lora.*``, ``StepContext.joint``) in the trainer.
 
 Entries name their parts as ``"module:attribute"`` strings resolved on first use (as torchtune's ``_component_``
 configs do), so that the registry (read by ``specheads --help``) imports neither torch nor the method's code.
