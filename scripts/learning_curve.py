@@ -205,10 +205,11 @@ def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
         axis.set_xlabel("unique training tokens (millions)")
         axis.set_ylabel(label)
         axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=7, loc="best")
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    for axis in (left, right):  # below the axes, after the layout: inside them a legend covered a curve
+        axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17))
+    figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
 
 
