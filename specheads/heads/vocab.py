@@ -41,3 +41,29 @@ def select_draft_vocab(token_counts: torch.Tensor, draft_vocab_size: int) -> tor
     # A stable sort by descending count keeps lower ids first among equals, so the choice is deterministic.
     order = torch.sort(-counts, stable=True).indices
     return order[:draft_vocab_size].sort().values
+
+
+def draft_vocab_size_for_coverage(token_counts: torch.Tensor, coverage: float) -> int:
+    """The smallest draft vocabulary whose ids (the most frequent, as :func:`select_draft_vocab` picks them) cover at
+    least ``coverage`` of the counted target tokens.
+
+    Raises:
+        ValueError: ``coverage`` outside ``(0, 1]``, or no counted tokens.
+    """
+    counts = torch.as_tensor(token_counts, dtype=torch.float64).flatten()
+    if not 0 < coverage <= 1:
+        raise ValueError(f"coverage must be in (0, 1], got {coverage}")
+    total = float(counts.sum())
+    if total <= 0:
+        raise ValueError("no target tokens to cover: the training data counts none")
+    covered = counts.sort(descending=True).values.cumsum(dim=0)  # [V] tokens covered by the top-k ids, k = 1..V
+    # The first k whose top-k ids reach the share (a relative tolerance keeps coverage=1.0 exact in floating point)
+    first = int(torch.searchsorted(covered, coverage * total * (1 - 1e-12)))
+    return min(first + 1, counts.numel())
+
+
+def draft_vocab_coverage(token_counts: torch.Tensor, target_ids: torch.Tensor) -> float:
+    """The share of the counted target tokens whose id is in ``target_ids`` (a draft vocabulary)."""
+    counts = torch.as_tensor(token_counts, dtype=torch.float64).flatten()
+    total = float(counts.sum())
+    return float(counts[torch.as_tensor(target_ids, dtype=torch.long)].sum()) / total if total > 0 else 0.0

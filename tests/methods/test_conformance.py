@@ -79,13 +79,15 @@ def _heads(method: HeadType, base, **section: Any):  # noqa: ANN001, ANN202
 
 def _probe_sections(method: HeadType, fmt: str) -> list[dict[str, Any]]:
     """Recipe sections to try for heads a format holds: the method's default, then one field changed at a time,
-    a string field to the format's name (a variant's format is named after it), an integer field (or an optional
-    one) to 1, 2 or 3 (a version, a size), each kept only where the section validates."""
+    a string field to the format's name (a variant's format is named after it), a field that takes an integer (an
+    optional one, or one that takes other values too) to 1, 2 or 3 (a version, a size), each kept only where the
+    section validates."""
     recipe = method.recipe_section()
     hints = typing.get_type_hints(recipe)
     probes: list[dict[str, Any]] = [{}]
     for field in dataclasses.fields(recipe):
-        values = {str: [fmt], int: [1, 2, 3], int | None: [1, 2, 3]}.get(hints[field.name], [])
+        hint = hints[field.name]
+        values = [fmt] if hint is str else [1, 2, 3] if hint is int or int in typing.get_args(hint) else []
         for value in values:
             if field.name == "type" or value == getattr(recipe(), field.name):
                 continue

@@ -16,14 +16,24 @@ class EagleHeadsConfig:
     ``layer_ids`` are indices into the base's ``hidden_states`` (EAGLE-3 only; default low/middle/high
     ``(2, L // 2, L - 3)``). ``targets``: ``self`` trains on the base's own next-token distribution from the same
     forward (self-distillation, free); ``corpus`` on the data's tokens.
+
+    ``draft_vocab_size`` (EAGLE-3) is a number of ids or ``{coverage: F}``: the smallest draft vocabulary whose ids,
+    the most frequent target tokens of the training data, cover at least the share F of them (the size chosen and
+    the share covered are printed when training starts). ``fc_norm`` and ``norm_output`` are EAGLE 3.1's norms (see
+    :mod:`specheads.methods.eagle.heads`).
     """
 
     type: str = "eagle"
     version: int = 3
     layer_ids: list[int] | None = None
-    draft_vocab_size: int | None = None  # EAGLE-3: the most frequent tokens of the training data (None: all)
+    # EAGLE-3: the most frequent tokens of the training data, as a count or {coverage: F} (None: all)
+    draft_vocab_size: int | dict[str, float] | None = None
     fc_bias: bool | None = None  # default: True for EAGLE-1 (EAGLE repo, SGLang), False for EAGLE-3; vLLM: false
     norm_before_residual: bool = False
+    fc_norm: bool = False  # EAGLE 3.1: an RMSNorm on each fused feature layer before fc
+    norm_output: bool = False  # EAGLE 3.1: the next draft step reads the normed output (what the lm_head reads)
+    # The draft layer's MLP width (None: the base's intermediate size); narrower makes a draft level cheaper
+    intermediate_size: int | None = None
     targets: str = "self"  # self | corpus
     ttt_steps: int = 7  # EAGLE-3 training-time test: the draft unrolled on its own outputs this many steps
     ttt_decay: float = 0.8  # step i's cross-entropy weighs decay^i
@@ -40,8 +50,9 @@ class EagleHeadsConfig:
             raise ConfigError(f"heads.targets is {self.targets!r}; choose one of ['corpus', 'self']")
         if self.version == 1 and (self.layer_ids is not None or self.draft_vocab_size is not None):
             raise ConfigError("heads.layer_ids and heads.draft_vocab_size are EAGLE-3 settings (heads.version=3)")
-        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
-            raise ConfigError(f"heads.draft_vocab_size must be >= 1, got {self.draft_vocab_size}")
+        self._validate_draft_vocab()
+        if self.version == 1 and (self.fc_norm or self.norm_output):
+            raise ConfigError("heads.fc_norm and heads.norm_output are EAGLE-3 settings (heads.version=3)")
         if self.layer_ids is not None and len(self.layer_ids) != 3:
             raise ConfigError(f"heads.layer_ids names 3 base layers (low, middle, high), got {self.layer_ids}")
         if self.ttt_steps < 1:
@@ -51,5 +62,28 @@ class EagleHeadsConfig:
                 f"heads.tv_loss_weight is {self.tv_loss_weight}: it must be >= 0, and it needs version 3 with self "
                 "targets (the base's distribution)"
             )
+        size = self.intermediate_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ConfigError(f"heads.intermediate_size must be an integer >= 1 (None: the base's), got {size!r}")
         if self.feature_noise < 0:
             raise ConfigError(f"heads.feature_noise must be >= 0, got {self.feature_noise}")
+
+    def _validate_draft_vocab(self) -> None:
+        size = self.draft_vocab_size
+        if isinstance(size, dict):
+            coverage = size.get("coverage")
+            if set(size) != {"coverage"} or isinstance(coverage, bool) or not isinstance(coverage, (int, float)):
+                raise ConfigError(
+                    f"heads.draft_vocab_size is {size!r}; give a number of ids or {{coverage: F}} with 0 < F <= 1"
+                )
+            if not 0 < coverage <= 1:
+                raise ConfigError(f"heads.draft_vocab_size.coverage must be in (0, 1], got {coverage}")
+        elif size is not None and (isinstance(size, bool) or not isinstance(size, int)):
+            raise ConfigError(f"heads.draft_vocab_size must be an integer >= 1 or {{coverage: F}}, got {size!r}")
+        elif size is not None and size < 1:
+            raise ConfigError(f"heads.draft_vocab_size must be >= 1, got {size}")
+
+    @property
+    def draft_vocab_coverage(self) -> float | None:
+        """The share of training targets the draft vocabulary must cover, when it is given as a coverage."""
+        return float(self.draft_vocab_size["coverage"]) if isinstance(self.draft_vocab_size, dict) else None

@@ -79,7 +79,8 @@ def _sglang_tree(heads: EagleHead, steps: int) -> str:
 
 
 def _engine_layer_order(head: EagleHead, format: str) -> tuple[list[int], dict[str, torch.Tensor]]:
-    """The feature layers in the order engines concatenate them (ascending, each once), with fc's columns to match.
+    """The feature layers in the order engines concatenate them (ascending, each once), with fc's columns (and the
+    per-layer ``fc_norm.{k}``) to match.
 
     vLLM and SGLang capture each listed layer once and concatenate in layer order whatever order the config gives.
     """
@@ -94,7 +95,20 @@ def _engine_layer_order(head: EagleHead, format: str) -> tuple[list[int], dict[s
     hidden = head.config.hidden_size
     blocks = state["fc.weight"].split(hidden, dim=1)
     state["fc.weight"] = torch.cat([blocks[i] for i in order], dim=1)
+    if head.config.fc_norm:
+        norms = [state[f"fc_norm.{i}.weight"] for i in range(len(ids))]
+        state.update({f"fc_norm.{k}.weight": norms[i] for k, i in enumerate(order)})
     return [ids[i] for i in order], state
+
+
+def _eagle31_fields(head: EagleHead) -> dict[str, bool]:
+    """EAGLE 3.1's config flags, written only when on (vLLM and SGLang read ``fc_norm`` and ``norm_output``)."""
+    return {flag: True for flag in ("fc_norm", "norm_output") if getattr(head.config, flag)}
+
+
+def _llamacpp_ready(head: EagleHead, ids: list[int]) -> bool:
+    """llama.cpp's EAGLE-3 graph: exactly three feature layers and none of EAGLE 3.1's norms."""
+    return len(ids) == 3 and not _eagle31_fields(head)
 
 
 def _eagle3_tensors(head: EagleHead, format: str) -> tuple[list[int], dict[str, torch.Tensor]]:
@@ -125,13 +139,14 @@ def _eagle3(head, base, name, engines, steps):  # noqa: ANN001, ANN202 (one of f
         target_hidden_size=head.config.hidden_size,
         eagle_aux_hidden_state_layer_ids=ids,
         norm_before_residual=head.config.norm_before_residual,
+        **_eagle31_fields(head),
         bias=False,
         eagle_config={"use_aux_hidden_state": True},
     )
     if "sglang" in serve:
         config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = sglang_layer_ids(ids)
     commands = {"vllm": vllm_command(name, "eagle3", steps)}
-    if len(ids) == 3:
+    if _llamacpp_ready(head, ids):
         commands["llama.cpp"] = llamacpp_command(name, steps)
     if "sglang" in serve:
         commands["sglang"] = (
@@ -167,8 +182,8 @@ def _speculators(head, base, name, engines, steps):  # noqa: ANN001, ANN202
         "target_hidden_size": head.config.hidden_size,
         "eagle_aux_hidden_state_layer_ids": ids,
         "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
+        "fc_norm": head.config.fc_norm,
+        "norm_output": head.config.norm_output,
         "embed_requires_grad": False,
         "speculators_config": {
             "algorithm": "eagle3",
@@ -190,7 +205,7 @@ def _speculators(head, base, name, engines, steps):  # noqa: ANN001, ANN202
     tensors = rename(state, swap_prefix("midlayer.", "layers.0."))
     tensors["embed_tokens.weight"] = base.get_input_embeddings().weight
     commands = {"vllm": vllm_command(name, "eagle3", steps)}
-    if len(ids) == 3:
+    if _llamacpp_ready(head, ids):
         commands["llama.cpp"] = llamacpp_command(name, steps)
     notes = ["load in Python with speculators: SpeculatorModel.from_pretrained(out) (the verifier path must load)"]
     return config, tensors, commands, notes
@@ -240,6 +255,8 @@ def _export_gguf(heads, out, base, base_name, steps, dtype, target_gguf):  # noq
     from specheads.methods.eagle import gguf as llamacpp
 
     check_heads(heads, "gguf", EagleHead, 3)
+    if _eagle31_fields(heads):
+        raise ValueError(llamacpp.EAGLE31_REFUSAL + " (nothing written)")
     out = Path(out)
     if out.suffix != ".gguf":
         raise ValueError(f"the gguf format writes one file: --out must end in .gguf, got {out}")
@@ -281,9 +298,8 @@ def _import_eagle(
             raise HeadCheckpointError(
                 f"{where}: a {layer.get('model_type')} draft layer (q/k norms); specheads' EAGLE-3 layer is Llama-style"
             )
-        for flag in ("norm_before_fc", "fc_norm", "norm_output"):
-            if config.get(flag):
-                raise HeadCheckpointError(f"{where}: {flag}=true drafts are not supported by specheads")
+        if config.get("norm_before_fc"):
+            raise HeadCheckpointError(f"{where}: norm_before_fc=true drafts are not supported by specheads")
         ids = config.get("eagle_aux_hidden_state_layer_ids")
         draft_vocab = config.get("draft_vocab_size") or layer["vocab_size"]
         norm_before_residual = bool(config.get("norm_before_residual", False))
@@ -295,7 +311,7 @@ def _import_eagle(
             ids = vllm_layer_ids(list(eagle_config["eagle_aux_hidden_state_layer_ids"]))  # SGLang's convention
         draft_vocab = config.get("draft_vocab_size") or layer["vocab_size"]
         norm_before_residual = bool(config.get("norm_before_residual", False))
-        for flag in ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output"):
+        for flag in ("norm_before_fc", "use_aux_norm"):
             if config.get(flag) or eagle_config.get(flag):
                 raise HeadCheckpointError(f"{where}: {flag}=true drafts are not supported by specheads")
     if int(layer.get("num_hidden_layers", 1)) != 1 or any(n.startswith("layers.1.") for n in tensors):
@@ -347,6 +363,8 @@ def _import_eagle(
             layer_ids=list(ids),
             fc_bias=fc_bias,
             norm_before_residual=norm_before_residual,
+            fc_norm=bool(config.get("fc_norm", False)),
+            norm_output=bool(config.get("norm_output", False)),
             base_model={"num_hidden_layers": num_layers},
         )
     except ValueError as error:
@@ -388,7 +406,7 @@ def _eagle3_tensor_rules(
     prefix = prefixes.pop() if len(prefixes) == 1 else "layers.0."
     if any(n.startswith("layers.") and not n.startswith("layers.0.") for n in tensors):
         report.problems.append("more than one draft layer: specheads exports one, and engines disagree on the rest")
-    expected = eagle3_shapes(geometry, prefix)
+    expected = eagle3_shapes(geometry, prefix, fc_norm=bool(config.get("fc_norm")))
     optional = {"embed_tokens.weight": (geometry.vocab_size, geometry.hidden_size)}
     if "t2d" in expected:  # vLLM's and SGLang's EAGLE-3 loaders skip t2d (ModelOpt never writes it); speculators
         optional["t2d"] = expected.pop("t2d")  # needs it, which its own verdict checks
@@ -473,15 +491,17 @@ def _check_eagle3(config: dict[str, Any], tensors: dict[str, torch.Tensor], repo
         vllm,
         sglang,
         EngineVerdict("speculators", False, note="reads only the speculators format"),
-        _llamacpp_verdict(top_ids),
+        _llamacpp_verdict(top_ids, config),
     ]
 
 
-def _llamacpp_verdict(top_ids: Any) -> EngineVerdict:
+def _llamacpp_verdict(top_ids: Any, config: dict[str, Any]) -> EngineVerdict:
     """llama.cpp's converter reads the top-level ids (its default [2, L//2, L-3] when absent) and its EAGLE-3 graph
-    exactly three of them; heads with another count are simply not for llama.cpp."""
-    from specheads.methods.eagle.gguf import NUM_TARGET_LAYERS, layer_id_problems
+    exactly three of them and no EAGLE 3.1 norm; other heads are simply not for llama.cpp."""
+    from specheads.methods.eagle.gguf import EAGLE31_REFUSAL, NUM_TARGET_LAYERS, eagle31_flags, layer_id_problems
 
+    if eagle31_flags(config):
+        return EngineVerdict("llama.cpp", False, note=EAGLE31_REFUSAL)
     if isinstance(top_ids, list) and len(top_ids) != NUM_TARGET_LAYERS:
         note = f"its EAGLE-3 graph reads exactly 3 feature layers, not {top_ids}"
         return EngineVerdict("llama.cpp", False, note=note)
@@ -541,7 +561,7 @@ def _check_speculators(config: dict[str, Any], tensors: dict[str, torch.Tensor],
         vllm,
         EngineVerdict("sglang", False, note="SGLang reads no speculators format"),
         speculators,
-        _llamacpp_verdict(config.get("eagle_aux_hidden_state_layer_ids")),
+        _llamacpp_verdict(config.get("eagle_aux_hidden_state_layer_ids"), config),
     ]
 
 

@@ -20,6 +20,10 @@ L = num_hidden_layers = the last layer's output *after* the base's final norm, w
   output passes a final ``norm`` and an own ``lm_head`` over a reduced draft vocabulary: draft id ``d`` is target
   id ``d + d2t[d]``, and ``t2d[t]`` says whether target id t is in the draft vocabulary.
 
+  EAGLE 3.1 (speculators' ``fc_norm`` and ``norm_output``, read by vLLM and SGLang as well) adds two norms, each off by
+  default: ``fc_norm`` an RMSNorm on each fused feature before ``fc`` (one per layer, ``fc_norm.{k}``), and
+  ``norm_output`` feeds the *normed* output (``norm(hidden)``, what the lm_head reads) to the next draft step.
+
 The base's embedding (and for version 1 its lm_head) is used frozen and never stored in the head checkpoint.
 """
 
@@ -77,6 +81,8 @@ class EagleConfig:
     layer_ids: list[int] = field(default_factory=list)
     fc_bias: bool = False
     norm_before_residual: bool = False
+    fc_norm: bool = False  # EAGLE 3.1: an RMSNorm on each fused feature before fc (version 3)
+    norm_output: bool = False  # EAGLE 3.1: the next draft step reads norm(output), not the output (version 3)
     base_model: dict[str, Any] = field(default_factory=dict)
     head_type: str = "eagle"
 
@@ -93,6 +99,8 @@ class EagleConfig:
             check_layer_ids(self.layer_ids, layers)
         if self.version == 1 and self.draft_vocab_size != self.vocab_size:
             raise ValueError("EAGLE-1 reads tokens through the base's lm_head: no reduced draft vocabulary")
+        if self.version == 1 and (self.fc_norm or self.norm_output):
+            raise ValueError("fc_norm and norm_output are EAGLE-3 (3.1) settings; EAGLE-1 has neither norm")
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in [1, {self.vocab_size}], got {self.draft_vocab_size}")
 
@@ -194,6 +202,7 @@ class EagleHead(DraftHeads):
         super().__init__()
         self.config = config
         self.calibration: Calibration | None = None  # set by load_heads when a tree.json is present
+        self.fc_norm: nn.ModuleList | None = None
         hidden = config.hidden_size
         layer_config = config.llama_config()
         if config.version == 1:
@@ -204,6 +213,10 @@ class EagleHead(DraftHeads):
             self.lm_head = None
         else:
             self.fc = nn.Linear(3 * hidden, hidden, bias=config.fc_bias)
+            if config.fc_norm:  # one norm per fused layer, in layer_ids order (fc's column blocks)
+                self.fc_norm = nn.ModuleList(
+                    LlamaRMSNorm(hidden, eps=config.rms_norm_eps) for _ in range(len(config.layer_ids))
+                )
             self.midlayer = Eagle3Layer(layer_config, config.norm_before_residual)
             self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
             self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
@@ -229,6 +242,9 @@ class EagleHead(DraftHeads):
         fc_bias: bool | None = None,
         token_counts: torch.Tensor | None = None,
         norm_before_residual: bool = False,
+        fc_norm: bool = False,
+        norm_output: bool = False,
+        intermediate_size: int | None = None,
     ) -> EagleHead:
         """A randomly initialised head sized for ``base_model``.
 
@@ -242,6 +258,9 @@ class EagleHead(DraftHeads):
             token_counts: ``[V]`` token frequencies of the training data: the draft vocabulary is the most frequent
                 ``draft_vocab_size`` tokens (ties and unseen tokens by id). Required when the vocabulary is reduced.
             norm_before_residual: version 3 layer variant (see :class:`Eagle3Layer`).
+            fc_norm: version 3: an RMSNorm on each fused feature before fc (EAGLE 3.1).
+            norm_output: version 3: the next draft step reads the normed output (EAGLE 3.1).
+            intermediate_size: the draft layer's MLP width (default: the base's).
         """
         num_layers = int(getattr(base_model.config, "num_hidden_layers", 0) or base_model.config.n_layer)
         vocab = vocab_size(base_model)
@@ -256,6 +275,9 @@ class EagleHead(DraftHeads):
                 raise ValueError(f"draft_vocab_size must be an integer in [1, {vocab}], got {draft_vocab_size!r}")
         else:
             raise ValueError(f"EAGLE version must be 1 or 3, got {version!r}")
+        shape = base_layer_shape(base_model)
+        if intermediate_size is not None:
+            shape["intermediate_size"] = int(intermediate_size)
         config = EagleConfig(
             version=version,
             vocab_size=vocab,
@@ -263,8 +285,10 @@ class EagleHead(DraftHeads):
             layer_ids=ids,
             fc_bias=(version == 1) if fc_bias is None else fc_bias,
             norm_before_residual=norm_before_residual,
+            fc_norm=fc_norm,
+            norm_output=norm_output,
             base_model=base_model_info(base_model),
-            **base_layer_shape(base_model),
+            **shape,
         )
         head = cls(config)
         head.apply(head._init_weights)
@@ -316,7 +340,10 @@ class EagleHead(DraftHeads):
         dtype = self.fc.weight.dtype
         if self.config.version == 1:
             return features[0].to(dtype)
-        return self.fc(torch.cat([f.to(dtype) for f in features], dim=-1))
+        features = [f.to(dtype) for f in features]
+        if self.fc_norm is not None:
+            features = [norm(f) for norm, f in zip(self.fc_norm, features, strict=True)]
+        return self.fc(torch.cat(features, dim=-1))
 
     def step(
         self,
@@ -337,7 +364,8 @@ class EagleHead(DraftHeads):
                 a transformers ``DynamicCache`` in training-time unrolls and tests), extended in place.
 
         Returns:
-            ``[B, T, H]`` the draft's output, standing for the feature of position t + 1.
+            ``[B, T, H]`` the draft's output, standing for the feature of position t + 1 (with ``norm_output``, the
+            normed output: the next step reads it and :meth:`logits` applies no second norm).
         """
         embeds = self.base_model_of().get_input_embeddings()(input_ids).to(features.dtype)
         position_embeddings = self.rotary_emb(features, position_ids)
@@ -349,24 +377,30 @@ class EagleHead(DraftHeads):
                 position_embeddings=position_embeddings,
                 **kv_cache.layer_kwargs(self.midlayer, cache),
             )
-        return self.midlayer(embeds, features, position_embeddings, attention_mask, cache)
+        hidden = self.midlayer(embeds, features, position_embeddings, attention_mask, cache)
+        return self.norm(hidden) if self.config.norm_output else hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., Vd]`` draft-vocabulary logits of draft outputs (version 1: the base's lm_head, Vd = V)."""
         if self.config.version == 1:
             lm_head = self.base_model_of().get_output_embeddings()
             return lm_head(hidden.to(lm_head.weight.dtype))
-        return self.lm_head(self.norm(hidden))
+        return self.lm_head(self._final_norm(hidden))
 
     def projection(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(inputs, weight, bias)`` with ``F.linear(inputs, weight, bias) == self.logits(hidden)``.
 
-        Version 1: the base's lm_head reads ``hidden``; version 3: the head's own lm_head reads ``norm(hidden)``.
+        Version 1: the base's lm_head reads ``hidden``; version 3: the head's own lm_head reads ``norm(hidden)``
+        (with ``norm_output``, ``hidden`` itself: :meth:`step` already normed it).
         """
         if self.config.version == 1:
             lm_head = self.base_model_of().get_output_embeddings()
             return hidden.to(lm_head.weight.dtype), lm_head.weight, lm_head.bias
-        return self.norm(hidden), self.lm_head.weight, None
+        return self._final_norm(hidden), self.lm_head.weight, None
+
+    def _final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the lm_head reads of a step's output: ``norm(hidden)``, or ``hidden`` if :meth:`step` normed it."""
+        return hidden if self.config.norm_output else self.norm(hidden)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Target-vocabulary ids of draft-vocabulary ids."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from accelerate import PartialState
 
 from specheads.methods.api import (
     RANKS,
@@ -22,7 +23,10 @@ from specheads.methods.api import (
     StepResult,
     agreement_summary,
     base_output,
+    draft_vocab_coverage,
+    draft_vocab_size_for_coverage,
     projected_top_k,
+    select_draft_vocab,
     teacher_logits,
     vocab_size,
 )
@@ -32,19 +36,31 @@ from specheads.methods.eagle.losses import UnrolledLosses, eagle1_loss, eagle_lo
 
 
 def build_heads(base: torch.nn.Module, section: EagleHeadsConfig, dataset: Any) -> EagleHead:
-    """A fresh fp32 EAGLE head; a reduced draft vocabulary takes the most frequent target tokens of ``dataset``."""
+    """A fresh fp32 EAGLE head; a reduced draft vocabulary takes the most frequent target tokens of ``dataset``
+    (as many as ``heads.draft_vocab_size`` says, or as cover its ``coverage``; the choice is printed)."""
     counts = None
     vocab = vocab_size(base)
-    if section.version == 3 and section.draft_vocab_size is not None and section.draft_vocab_size < vocab:
+    size = section.draft_vocab_size
+    if section.version == 3 and size is not None and (section.draft_vocab_coverage is not None or size < vocab):
         counts = token_counts(dataset, vocab)
+        if section.draft_vocab_coverage is not None:
+            size = draft_vocab_size_for_coverage(counts, section.draft_vocab_coverage)
+        chosen = draft_vocab_coverage(counts, select_draft_vocab(counts, size))
+        PartialState().print(
+            f"draft vocabulary: {size:,} of {vocab:,} ids cover {chosen:.2%} of the {int(counts.sum()):,} training "
+            "targets" + (f" (asked: {section.draft_vocab_coverage:.2%})" if section.draft_vocab_coverage else "")
+        )
     return EagleHead.from_base(
         base,
         version=section.version,
         layer_ids=section.layer_ids,
-        draft_vocab_size=section.draft_vocab_size,
+        draft_vocab_size=size,
         fc_bias=section.fc_bias,
         token_counts=counts,
         norm_before_residual=section.norm_before_residual,
+        fc_norm=section.fc_norm,
+        norm_output=section.norm_output,
+        intermediate_size=section.intermediate_size,
     ).float()
 
 

@@ -184,6 +184,16 @@ def test_the_checker_sees_what_llama_cpp_refuses(base, trained, tmp_path) -> Non
     assert main(["export", "--check", str(tmp_path / "d.gguf"), "--target-gguf", str(renamed)]) == 1
 
 
+def test_checking_a_file_that_is_not_gguf_gives_one_verdict(tmp_path, capsys) -> None:
+    draft = tmp_path / "draft.gguf"
+    draft.write_bytes(bytes(range(100)))
+    assert main(["export", "--check", str(draft)]) == 1
+    printed = capsys.readouterr().out
+    assert "  problem: not a readable GGUF file" in printed
+    verdicts = [line for line in printed.splitlines() if line.startswith("  llama.cpp:")]
+    assert verdicts == ["  llama.cpp: would not serve it correctly (the problems above)"]
+
+
 def test_directory_checks_name_llama_cpps_rules(base, trained, tmp_path) -> None:
     export_heads(trained["eagle3"], tmp_path / "e3", "eagle3", base_model=base)
     config = json.loads((tmp_path / "e3" / "config.json").read_text())
