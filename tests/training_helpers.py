@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -120,14 +121,24 @@ def run_logged(command: list[str], log: Path, timeout: float = TIMEOUT_S) -> sub
     return subprocess.CompletedProcess(command, process.returncode, log.read_text(), "")
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now: a launch's rendezvous port. accelerate's default (29500) is shared by every
+    launch on the machine, so two 2-process tests running at once (``pytest -n 2``) would collide on it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def two_processes(overrides: list[str], log: Path, config_file: Path | None = None) -> subprocess.CompletedProcess:
-    """``accelerate launch`` two CPU processes (gloo) of ``specheads.train``, exactly as the Medusa test does."""
+    """``accelerate launch`` two CPU processes (gloo) of ``specheads.train``, exactly as the Medusa test does (on a
+    free port of their own)."""
     launcher = [sys.executable, "-m", "accelerate.commands.launch"]
     if config_file is not None:
         launcher += ["--config_file", str(config_file)]
     else:
         launcher += ["--multi_gpu"]
     launcher += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    launcher += ["--main_process_port", str(free_port())]
     return run_logged([*launcher, "-m", "specheads.train", *overrides], log)
 
 

@@ -30,13 +30,13 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     paths: list[str] = field(default_factory=list)  # files or folders; "sharegpt": the installed ShareGPT V3 file
-    format: str = "text"  # sharegpt | text | jsonl
+    format: str = "text"  # sharegpt | text | jsonl | code (Python source files: specheads.training.code_corpus)
     max_length: int = 512
     text_field: str = "text"  # the field of jsonl records holding the text
     chat_template: str | None = None  # a Jinja template (or a file holding one) to use instead of the tokenizer's
     packing: bool = True  # text/jsonl: concatenate documents and cut into max_length windows
     limit: int | None = None  # use the first N records of the split (quick runs; the held-out split stays put)
-    heldout_fraction: float = 0.0  # held out from training for evaluation, by record hash
+    heldout_fraction: float = 0.0  # held out from training for evaluation, by record hash (code: by file path)
     eval_paths: list[str] = field(default_factory=list)  # held-out data evaluated after training (same format)
     eval_batches: int = 50  # at most this many batches of held-out data
     # A directory of the frozen base's features for the training rows, written on first use and reused across
@@ -47,6 +47,9 @@ class DataConfig:
     decontaminate: bool = True
     exclude_prompts: list[str] = field(default_factory=list)  # more evaluation prompt files (JSONL) to keep out
     deduplicate: bool = True  # drop records identical to an earlier one (same text, or same conversation)
+    # format code: the manifest of the files used (sha256, split, what was skipped), written on the first build and
+    # read by every later one, so the file list stays fixed; None: data_files.json in feature_cache, if set
+    manifest: str | None = None
     # Batches of rows of similar length (shuffled within groups of 50 batches, then the batches shuffled): a batch is
     # cut to its longest row, so chats of mixed lengths waste much of every step on padding otherwise
     group_by_length: bool = True
@@ -64,8 +67,16 @@ class TrainConfig:
     epochs: float = 1.0
     batch_size: int = 8  # per process, per micro-batch
     grad_accumulation: int = 1  # micro-batches per optimizer step, which follows the mean of their losses
-    warmup_steps: int = 0
-    schedule: str = "cosine"  # cosine | linear | constant
+    warmup_steps: int = 0  # 0 with init_from: a continued run starts at the peak lr (no re-warm)
+    # cosine | linear | constant | wsd (warmup-stable-decay: warmup, the peak lr, a linear decay to zero over the
+    # last decay_fraction of the steps); see specheads.training.optimizers
+    schedule: str = "cosine"
+    decay_fraction: float = 0.2  # wsd: the share of the steps that decay
+    # adamw | muon (speculators' split: torch.optim.Muon on the heads' 2-D hidden matrices at muon_lr_multiplier x lr
+    # with muon_weight_decay, AdamW at lr on norms, biases, embeddings and lm_head)
+    optimizer: str = "adamw"
+    muon_lr_multiplier: float = 10.0
+    muon_weight_decay: float = 0.1
     max_grad_norm: float = 1.0
     seed: int = 0
     max_minutes: float | None = None  # stop (checkpoint + export) after this wall time; the schedule keeps `steps`
@@ -132,8 +143,9 @@ class RecipeConfig:
         """Check values that types alone do not catch."""
         choices = {
             "model.dtype": (self.model.dtype, {"auto", "float32", "bfloat16", "float16"}),
-            "data.format": (self.data.format, {"sharegpt", "text", "jsonl"}),
-            "train.schedule": (self.train.schedule, {"cosine", "linear", "constant"}),
+            "data.format": (self.data.format, {"sharegpt", "text", "jsonl", "code"}),
+            "train.schedule": (self.train.schedule, {"cosine", "linear", "constant", "wsd"}),
+            "train.optimizer": (self.train.optimizer, {"adamw", "muon"}),
             "train.mixed_precision": (self.train.mixed_precision, {"auto", "no", "bf16", "fp16"}),
             "log.tracker": (self.log.tracker, {"wandb", "tensorboard", "none"}),
             "output.select": (self.output.select, {"last", "best"}),
@@ -147,6 +159,7 @@ class RecipeConfig:
             "train.batch_size": self.train.batch_size,
             "train.grad_accumulation": self.train.grad_accumulation,
             "train.lr": self.train.lr,
+            "train.muon_lr_multiplier": self.train.muon_lr_multiplier,
         }
         for key, value in positive.items():
             if value <= 0:
@@ -171,10 +184,22 @@ class RecipeConfig:
             )
         if self.output.select == "best" and self.lora.enabled:
             raise ConfigError("output.select=best keeps heads only; with lora.enabled the adapter is the last step's")
+        self._validate_schedule_and_optimizer()
         if self.train.steps is not None and self.train.steps <= 0:
             raise ConfigError(f"train.steps must be > 0, got {self.train.steps}")
         if not self.data.paths:
             raise ConfigError("data.paths is empty: name at least one data file or folder")
+
+    def _validate_schedule_and_optimizer(self) -> None:
+        train = self.train
+        if train.warmup_steps < 0:
+            raise ConfigError(f"train.warmup_steps must be >= 0, got {train.warmup_steps}")
+        if not 0 < train.decay_fraction <= 1:
+            raise ConfigError(f"train.decay_fraction must be in (0, 1], got {train.decay_fraction}")
+        if train.muon_weight_decay < 0:
+            raise ConfigError(f"train.muon_weight_decay must be >= 0, got {train.muon_weight_decay}")
+        if train.optimizer == "muon" and self.lora.enabled:
+            raise ConfigError("train.optimizer=muon trains heads on a frozen base; lora.enabled trains the base too")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

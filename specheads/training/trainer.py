@@ -1,4 +1,4 @@
-"""Head training with Accelerate: ``setup -> train -> cleanup``, shared by every head type.
+"""Head training with Accelerate: ``setup -> train -> cleanup``, shared by every head type of the registry.
 
 The head type (``heads.type``) comes from :mod:`specheads.registry`, which names how its heads are built, the
 loss of one micro-batch and the held-out evaluation; this module owns everything else (processes, data, optimizer,
@@ -9,11 +9,18 @@ the loss and the metrics; a method never sees the trainer's own state.
 Medusa (:mod:`specheads.methods.medusa.train`): Medusa-1 freezes the base, which runs once per batch for all heads;
 Medusa-2 (``lora.enabled``) trains peft LoRA adapters jointly with the heads under
 ``L = lm_w * L_LM + sum_k w0 * decay^k * schedule * L_k``. EAGLE (:mod:`specheads.methods.eagle.train`): the base is
-frozen and in the loop; EAGLE-1 regresses features, EAGLE-3 unrolls the draft on its own outputs.
+frozen and in the loop; EAGLE-1 regresses features, EAGLE-3 unrolls the draft on its own outputs. Block drafters
+(:mod:`specheads.methods.dflash.train`, DFlash and DSpark): the base is frozen and in the loop, each sequence's
+sampled anchors are drafted as blocks in one forward. Draft-LM (:mod:`specheads.methods.draft_lm.train`): a small LM
+built from the base's layers learns the base's next-token distribution (KL). Medusa-2's joint training is the one
+method-specific part that lives here (its LoRA preparation, parameter groups and adapter save, under
+``lora.enabled``).
 
 Accelerate owns processes, devices, mixed precision, trackers and ``save_state``/``load_state``. A checkpoint is
 written into a hidden temporary directory and renamed into place once complete, so a crash mid-write never leaves a
-checkpoint that looks complete; every file goes through :func:`specheads.heads.checkpoint.atomic_write`. The last
+checkpoint that looks complete; the JSON files the trainer writes and the exported heads' files go through
+:func:`specheads.heads.checkpoint.atomic_write`, while ``evals.jsonl`` is appended to, one line per evaluation, and
+the LoRA adapter is written by peft's ``save_pretrained``. The last
 step always checkpoints, and so does a run stopped by SIGINT (Ctrl-C) or SIGTERM, after finishing its current step;
 ``train.resume=auto`` continues from the newest checkpoint, and a rerun of a finished run changes nothing (raise
 ``train.steps`` to train further). Under FSDP
@@ -42,7 +49,6 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
 from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 from specheads.heads.checkpoint import (
     CONFIG_NAME,
@@ -59,6 +65,7 @@ from specheads.training.config import ConfigError, DataConfig, RecipeConfig, con
 from specheads.training.data import build_dataset
 from specheads.training.evaluate import heldout_lm_loss, simulated_tau
 from specheads.training.features import CachedFeatures, collate_padded, rows_fingerprint, write_feature_cache
+from specheads.training.optimizers import build_optimizer, build_scheduler
 from specheads.training.step import StepContext, StepResult
 
 CHECKPOINTS = "checkpoints"
@@ -197,15 +204,13 @@ def setup(config: RecipeConfig) -> Run:
     )
     if len(dataloader) == 0:
         raise ConfigError(f"the data gives {len(dataset)} rows, fewer than one batch of {config.train.batch_size}")
-    optimizer = torch.optim.AdamW(_param_groups(config, base, heads), weight_decay=config.train.weight_decay)
+    optimizer = build_optimizer(config.train, _param_groups(config, base, heads), heads)
     batches_per_epoch = math.ceil(len(dataloader) / accelerator.num_processes)  # per process, after prepare
     # An epoch's micro-batches left over after its last full accumulation make one more step (Accelerate syncs at the
     # end of the data loader): counted, or the last epoch would end early and never see its last rows.
     steps_per_epoch = math.ceil(batches_per_epoch / config.train.grad_accumulation)
     total_steps = config.train.steps or max(1, int(config.train.epochs * steps_per_epoch))
-    scheduler = get_scheduler(
-        config.train.schedule, optimizer, num_warmup_steps=config.train.warmup_steps, num_training_steps=total_steps
-    )
+    scheduler = build_scheduler(config.train, optimizer, total_steps)
     # The scheduler stays unprepared: it steps once per optimizer step whatever the number of processes.
     if fsdp:  # the frozen base is sharded across the processes (bases that do not fit one GPU)
         base, heads, optimizer, dataloader = _prepare_fsdp(accelerator, base, heads, optimizer, dataloader)
@@ -249,6 +254,9 @@ def init_heads(heads: torch.nn.Module, directory: str | Path, base: torch.nn.Mod
             raise HeadCheckpointError(f"{where} holds {kind!r} heads; this recipe trains {head_type!r}")
         check_base(recorded.get("base_model", {}), base, where)
         built = dataclasses.asdict(heads.config)
+        # a setting added since the checkpoint was written counts at its default there (what those heads are)
+        settings = dataclasses.fields(heads.config)
+        recorded = {**{f.name: f.default for f in settings if f.default is not dataclasses.MISSING}, **recorded}
         differing = sorted(
             key
             for key in set(built) | set(recorded)
@@ -390,9 +398,16 @@ def _prepare_fsdp(
 def eval_data(config: DataConfig) -> DataConfig:
     """The data settings that read ``config.eval_paths``: all of their records (no held-out split, no ``limit``),
     screened as the training data is except for ``exclude_prompts``, the list that keeps training chats away from
-    these very prompts."""
+    these very prompts. Source files (``format: code``) are chosen afresh: the training corpus's manifest (and the
+    feature cache it defaults into) lists the training files, not these."""
     return dataclasses.replace(
-        config, paths=expand_data_paths(config.eval_paths), heldout_fraction=0.0, limit=None, exclude_prompts=[]
+        config,
+        paths=expand_data_paths(config.eval_paths),
+        heldout_fraction=0.0,
+        limit=None,
+        exclude_prompts=[],
+        manifest=None,
+        feature_cache=None,
     )
 
 

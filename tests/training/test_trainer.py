@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import tiny_model
-from training_helpers import heads_state, make_workspace, medusa_overrides, subprocess_env
+from training_helpers import free_port, heads_state, make_workspace, medusa_overrides, subprocess_env
 
 from specheads.heads import load_heads
 from specheads.heads.checkpoint import atomic_write
@@ -314,6 +314,8 @@ def test_two_processes_agree_with_one(workspace, tmp_path) -> None:
         "no",
         "--dynamo_backend",
         "no",
+        "--main_process_port",
+        str(free_port()),
         "-m",
         "specheads.train",
         *_overrides(workspace, out, **{**common, "train.batch_size": 2}),

@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers import tiny_model
 from training_helpers import (
+    free_port,
     heads_state,
     kill_after_checkpoint_and_resume,
     make_workspace,
@@ -204,6 +205,7 @@ def _fsdp_on_cpu_blocker(tmp_path: Path) -> str | None:
     probe.write_text(FSDP_PROBE)
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
     launcher += [str(REPO / "configs" / "accelerate" / "fsdp.yaml"), "--num_processes", "2"]
+    launcher += ["--main_process_port", str(free_port())]
     result = run_logged([*launcher, "--mixed_precision", "no", str(probe)], tmp_path / "probe.log", timeout=120)
     observed = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
     if result.returncode == 0 and observed and all("distributed_type=FSDP" in line for line in observed):
