@@ -2,7 +2,7 @@
 
 Every command of the section's first code block runs in a fresh folder holding the repository's configs and scripts,
 exactly as the README writes it, with options appended that shrink it (later options win over earlier ones in
-argparse and in recipe overrides): 24 prompts (4 held out), 24 new tokens, 3 training steps, a 4-node calibration,
+argparse and in recipe overrides): 24 prompts (4 held out), 24 new tokens, 3 training steps, a 2-node calibration,
 2 MT-Bench questions. A command the README adds or renames without a miniature here fails the test, so the two stay
 in step.
 Needs the registry packages the section installs (the test command installs them); skipped with that reason
@@ -43,7 +43,7 @@ MINIATURE = {
         "data.eval_batches=1", "output.save_every=0",
     ],
     ("specheads", "calibrate"): [
-        "--batches", "1", "--max-nodes", "4", "--new-tokens", "8", "--prompt-tokens", "16",
+        "--batches", "1", "--max-nodes", "2", "--new-tokens", "8", "--prompt-tokens", "16",
     ],
     ("specheads", "bench"): ["--per-category", "1", "--limit", "2", "--max-new-tokens", "8"],
     ("specheads", "export"): [],
