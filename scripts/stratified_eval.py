@@ -22,9 +22,10 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def drafted_tokens(head: Any, batch: dict[str, torch.Tensor], hidden_states: tuple, depth: int) -> list[torch.Tensor]:
@@ -40,9 +41,17 @@ def drafted_tokens(head: Any, batch: dict[str, torch.Tensor], hidden_states: tup
     return [head.to_target(top[..., 0]) for top in tops]
 
 
-@torch.inference_mode()
 def stratify(base: Any, heads: list[Any], batches: Any, depth: int) -> list[dict[str, Any]]:
     """Every head's :class:`~specheads.training.diagnostics.StratifiedAgreement` summary, rows and feature norms."""
+    import torch
+
+    with torch.inference_mode():
+        return _stratify(base, heads, batches, depth)
+
+
+def _stratify(base: Any, heads: list[Any], batches: Any, depth: int) -> list[dict[str, Any]]:
+    import torch
+
     from specheads.training.diagnostics import StratifiedAgreement, scored_positions
 
     tallies = [StratifiedAgreement(depth) for _ in heads]
@@ -100,6 +109,8 @@ def paired_intervals(results: list[dict[str, Any]], rounds: int) -> list[list[li
 
 
 def _loader(config: Any, data: str | None, batch_size: int) -> Any:
+    import torch
+
     from specheads.loading import load_tokenizer
     from specheads.training.data import build_dataset
     from specheads.training.trainer import collate_trimmed, eval_data, expand_data_paths
@@ -131,6 +142,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--out", help="write every number (and each row's counts) to this JSON file")
     parser.add_argument("overrides", nargs="*", help="key=value recipe overrides")
     args = parser.parse_args(argv)
+    import torch  # once the arguments are read: --help answers without loading torch
+
     if args.threads:
         torch.set_num_threads(args.threads)
     from itertools import islice
