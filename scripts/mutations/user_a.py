@@ -61,8 +61,8 @@ MUTATIONS = (
         "{ SPECHEADS_REQUIRE_ALL=1 SPECHEADS_REQUIRE_SPECULATORS=1 HF_HUB_OFFLINE=1 python -m pytest -q -n 2 "
         "--dist worksteal; code=$?; "
         '[ $code -eq 5 ] && echo "pytest collected no tests: the suite is broken" >&2; [ $code -eq 0 ]; }',
-        "SPECHEADS_REQUIRE_ALL=1 SPECHEADS_REQUIRE_SPECULATORS=1 HF_HUB_OFFLINE=1 python -m pytest -q -n 2 --dist worksteal "
-        "|| test $? -eq 5",
+        "SPECHEADS_REQUIRE_ALL=1 SPECHEADS_REQUIRE_SPECULATORS=1 HF_HUB_OFFLINE=1 python -m pytest -q -n 2 "
+        "--dist worksteal || test $? -eq 5",
         ("tests/test_test_command.py",),
     ),
     Mutation(
