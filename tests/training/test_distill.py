@@ -258,7 +258,7 @@ def test_medusa2_heads_are_refused(setup, tmp_path, capsys) -> None:
     ("extra", "prompts", "message"),
     [
         (["--max-new-tokens", "0"], None, "argument --max-new-tokens: expected an integer >= 1, got 0"),
-        (["--batch-size", "0"], None, "--batch-size must be >= 1"),
+        (["--batch-size", "0"], None, "argument --batch-size: expected an integer >= 1, got 0"),
         (["--temperature", "-1"], None, "temperature must be >= 0"),
         ([], "missing", "does not exist"),
         ([], "", "holds no prompts"),
