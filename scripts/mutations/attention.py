@@ -27,8 +27,8 @@ MUTATIONS = (
         "invariant-attention-tree-gather-short",
         "the tree gather keeps one visible key too few: the queries that see the most keys lose their last one",
         PATH,
-        "        longest = int(counts.max())",
-        "        longest = int(counts.max()) - 1",
+        "    longest = int(counts.max())",
+        "    longest = int(counts.max()) - 1",
         (TESTS,),
     ),
     Mutation(

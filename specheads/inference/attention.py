@@ -15,12 +15,23 @@ mask, not on the other rows or on the buffer's width:
   query rows of a key-value head group stacked and padded to at least :data:`MIN_ROWS` rows: float32 matrix products
   on CPUs take another kernel for 1-3 rows than for 4 or more, and that kernel rounds differently;
 * masked keys get a weight of exactly 0 (``-inf`` before the softmax), so keys beyond a row's length and another
-  row's slots add exact zeros, whatever the width of the preallocated buffer;
-* a tree node's visible keys (the prefix and its ancestors, among masked siblings) are gathered into consecutive
-  places first, in sequence order: sums then group the same terms as when those tokens are decoded one at a time
-  and sit in consecutive slots (without it, outputs part wherever an accepted path went through a second sibling);
+  row's slots add exact zeros;
+* but a product groups its sums by the width it is given (oneDNN's bf16 kernels also pair neighbouring terms): on
+  SmolLM2-135M on a CPU with AMX, one bf16 product over a position's 97 or 103 keys and the same keys followed by
+  masked ones up to 112 rounded differently, and greedy outputs parted. So the scores are padded with masked places
+  to whole blocks of :data:`KEY_BLOCK` keys (the softmax then sees a width it reduces alike), and the weighted sum of
+  values is one float32 product per block, the blocks added in order in float64 (:func:`_fold`): a query's blocks
+  hold the same terms whatever the width, and blocks of masked keys add exact zeros;
+* a tree node's visible keys (the prefix and its ancestors, among masked siblings) take consecutive places first, in
+  sequence order: its scores are gathered, and its values are read from the buffer for the whole blocks of the run
+  of slots it sees from the first and gathered for the rest, so that each block holds the terms it holds when those
+  tokens are decoded one at a time and sit in consecutive slots (without it, outputs part wherever an accepted path
+  went through a second sibling);
 * the softmax runs in float32 over the last axis, a per-row reduction;
 * the result is rounded once to the model's dtype.
+
+A prompt is not computed here: :class:`~specheads.inference.decoder.SpecDecoder` runs its prefill with the model's
+own kernels, each prompt alone, since no step computes a prompt's positions again.
 
 :func:`batch_invariant` switches a model to it (and its linear layers to blocks) for a block of code and back. The
 engine does that for every bf16/fp16 base on a CPU (``SpecDecoder(attention="auto")``); calibration and the bench's
@@ -33,6 +44,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,6 +52,10 @@ import torch.nn.functional as F  # noqa: N812
 
 NAME = "specheads_invariant"
 MIN_ROWS = 8  # float32 products of 1-3 rows take a kernel that rounds differently from 4+ rows (measured on CPUs)
+# Keys per product of the weighted sum of values (see _block_products): a product's sums group its terms by the width
+# it is given (oneDNN's bf16 products pair neighbouring terms, and both kinds block the key axis by the width), so
+# each query's terms are summed KEY_BLOCK places at a time, by their place in the query's sequence, whatever the width.
+KEY_BLOCK = 64
 # kwargs whose semantics this function does not apply (a position bias is added to the scores by SDPA and eager)
 _UNSUPPORTED = ("s_aux", "sinks", "softcap", "sliding_window", "position_bias")
 
@@ -79,52 +95,105 @@ def invariant_attention(
     groups = heads // kv_heads
     rows = groups * queries
     scale = dim**-0.5 if scaling is None else scaling
-    padded = max(rows, MIN_ROWS)
-    holes, masked = _prepared_mask(attention_mask, batch, queries, width, groups, padded, query.device)
+    plan = _plan(attention_mask, batch, queries, width, groups, query.device)
     # [B, H_kv, groups * Q, D]: heads h = kv * groups + g are adjacent, so this is a view for Q = 1 and a copy else
     q = query.reshape(batch, kv_heads, rows, dim).float()
-    if padded > rows:
-        q = F.pad(q, (0, 0, 0, padded - rows))
-    scores = torch.matmul(q, key.float().transpose(-1, -2)) * scale  # [B, H_kv, padded, K]
-    if holes:
-        return _gathered_attention(scores[:, :, :rows], value, masked, queries)
-    scores = scores.masked_fill(masked, float("-inf"))
-    weights = torch.softmax(scores, dim=-1).to(value.dtype)
-    out = torch.matmul(weights, value)[:, :, :rows]  # [B, H_kv, groups * Q, D]
-    out = out.reshape(batch, heads, queries, value.shape[-1]).transpose(1, 2)
+    if plan.rows > rows:
+        q = F.pad(q, (0, 0, 0, plan.rows - rows))
+    scores = torch.matmul(q, key.float().transpose(-1, -2)).mul_(scale)  # [B, H_kv, plan.rows, K]
+    if plan.gather is None:
+        out = _prefix_attention(scores, value, plan)[:, :, :rows]
+    else:
+        out = _gathered_attention(scores[:, :, :rows], value, plan.gather, queries)
+    out = out.reshape(batch, heads, queries, value.shape[-1]).transpose(1, 2)  # [B, Q, H, D]
     return out.to(query.dtype).contiguous(), None
 
 
-# The last forward's mask work, shared by its layers: every layer receives the same mask object (a weak reference
-# tells it apart from a later mask that reuses its memory) or, for a causal step, the same shapes.
-_last_mask: dict[str, Any] = {"key": None, "ref": None, "value": None}
+@dataclass(frozen=True)
+class _Gather:
+    """Where the queries of a forward with holes find their keys (see :func:`_gathered_attention`).
+
+    Attributes:
+        order: ``[B, Q, K']`` each query's visible slots, in order, then slot 0 (K' a multiple of KEY_BLOCK).
+        visible: ``[B, Q, K']`` which places of ``order`` the query sees.
+        in_buffer: ``[B, Q, P]`` the places a query takes from the buffer as it is: the whole key blocks of the run
+            of slots ``0, 1, ...`` it sees from the first (P, a multiple of KEY_BLOCK, the most of any query).
+        tail: ``[B, Q, T]`` the places of ``order`` in each query's key blocks after those (T a multiple of
+            KEY_BLOCK), ``tail_slots`` their slots and ``tail_visible`` which of them the query sees.
+    """
+
+    order: torch.Tensor
+    visible: torch.Tensor
+    in_buffer: torch.Tensor
+    tail: torch.Tensor
+    tail_slots: torch.Tensor
+    tail_visible: torch.Tensor
 
 
-def _prepared_mask(
-    mask: torch.Tensor | None, batch: int, queries: int, width: int, groups: int, padded: int, device: torch.device
-) -> tuple[bool, torch.Tensor]:
-    """``(holes, masked)``: with holes, the gather plan of :func:`_gathered_attention` (each query's visible slots
-    in order, which places are visible, the most visible keys of a query); else
-    ``[B, 1, padded, K]`` True where a score is masked, rows ``g * Q + i``, padding rows unmasked."""
+@dataclass(frozen=True)
+class _Plan:
+    """One forward's mask work, shared by its layers.
+
+    Attributes:
+        rows: query rows of a product: ``groups * Q``, at least :data:`MIN_ROWS`.
+        width: K rounded up to a multiple of :data:`KEY_BLOCK`.
+        masked: without holes, ``[B, 1, rows, K]`` True where a score is masked (rows ``g * Q + i``, padding rows
+            unmasked), None when no query misses any key.
+        gather: with holes (some query sees a key after one it does not see), where each query finds its keys.
+    """
+
+    rows: int
+    width: int
+    masked: torch.Tensor | None
+    gather: _Gather | None
+
+
+# The last forward's plan, shared by its layers: every layer receives the same mask object (a weak reference tells
+# it apart from a later mask that reuses its memory) or, for a causal step, the same shapes.
+_last_plan: dict[str, Any] = {"key": None, "ref": None, "value": None}
+
+
+def _plan(mask: torch.Tensor | None, batch: int, queries: int, width: int, groups: int, device: torch.device) -> _Plan:
+    """The :class:`_Plan` of a forward's mask (computed by its first layer, reused by the others)."""
     version = None if mask is None else 0 if mask.is_inference() else mask._version  # (inference tensors have none)
-    key = (batch, queries, width, groups, padded, str(device), version)
-    cached_mask = _last_mask["ref"]() if _last_mask["ref"] is not None else None
-    if _last_mask["key"] == key and (mask is None or cached_mask is mask):
-        return _last_mask["value"]
+    key = (batch, queries, width, groups, device, version)
+    cached_mask = _last_plan["ref"]() if _last_plan["ref"] is not None else None
+    if _last_plan["key"] == key and (mask is None or cached_mask is mask):
+        return _last_plan["value"]
+    rows = max(groups * queries, MIN_ROWS)
     allowed = _allowed(mask, batch, queries, width, device).expand(batch, 1, queries, width)
     if _has_holes(allowed):
-        counts = allowed[:, 0].sum(dim=-1)  # [B, Q]
-        longest = int(counts.max())
-        order = torch.sort((~allowed[:, 0]).to(torch.uint8), dim=-1, stable=True).indices[..., :longest]
-        visible = torch.arange(longest, device=device) < counts[..., None]  # [B, Q, K']
-        value = (True, (order, visible, longest))
+        plan = _Plan(rows, _whole_blocks(width), None, _gather_plan(allowed[:, 0]))
     else:
         masked = ~allowed.repeat(1, 1, groups, 1)
-        if padded > groups * queries:
-            masked = F.pad(masked, (0, 0, 0, padded - groups * queries), value=False)
-        value = (False, masked)
-    _last_mask.update(key=key, ref=None if mask is None else weakref.ref(mask), value=value)
-    return value
+        if rows > groups * queries:
+            masked = F.pad(masked, (0, 0, 0, rows - groups * queries), value=False)
+        plan = _Plan(rows, _whole_blocks(width), masked if bool(masked.any()) else None, None)
+    _last_plan.update(key=key, ref=None if mask is None else weakref.ref(mask), value=plan)
+    return plan
+
+
+def _whole_blocks(count: int) -> int:
+    """``count`` rounded up to a multiple of :data:`KEY_BLOCK`."""
+    return -(-count // KEY_BLOCK) * KEY_BLOCK
+
+
+def _gather_plan(allowed: torch.Tensor) -> _Gather:
+    """The :class:`_Gather` of ``[B, Q, K]`` visibility with holes."""
+    device = allowed.device
+    counts = allowed.sum(dim=-1)  # [B, Q]
+    longest = int(counts.max())
+    order = torch.sort((~allowed).to(torch.uint8), dim=-1, stable=True).indices[..., :longest]
+    places = _whole_blocks(longest)
+    order = F.pad(order, (0, places - longest))  # [B, Q, K']: slot 0 where no query has a key
+    visible = torch.arange(places, device=device) < counts[..., None]
+    leading = allowed.to(torch.int32).cumprod(dim=-1).sum(dim=-1)  # [B, Q]: the run of slots 0, 1, ... it sees
+    buffered = leading // KEY_BLOCK * KEY_BLOCK  # [B, Q]: its whole key blocks in that run
+    in_buffer = torch.arange(int(buffered.max()), device=device) < buffered[..., None]  # [B, Q, P]
+    tail = buffered[..., None] + torch.arange(_whole_blocks(int((counts - buffered).max())), device=device)
+    tail_visible = tail < counts[..., None]  # [B, Q, T]
+    tail = tail.clamp(max=places - 1)
+    return _Gather(order, visible, in_buffer, tail, order.gather(-1, tail), tail_visible)
 
 
 def _has_holes(allowed: torch.Tensor) -> bool:
@@ -133,35 +202,98 @@ def _has_holes(allowed: torch.Tensor) -> bool:
     return not torch.equal(torch.arange(allowed.shape[-1], device=allowed.device) < counts, allowed)
 
 
-def _gathered_attention(
-    scores: torch.Tensor, value: torch.Tensor, plan: tuple[torch.Tensor, torch.Tensor, int], queries: int
-) -> tuple[torch.Tensor, None]:
-    """Attention of queries whose visible keys are not a prefix of the buffer (tree nodes), from their scores.
+def _prefix_attention(scores: torch.Tensor, value: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """``[B, H_kv, rows, D]`` float32 attention of queries that each see slots ``0, 1, ...`` and no others: a
+    key's slot is its place in the query's sequence, so the buffer is used as it is.
+
+    Args:
+        scores: ``[B, H_kv, rows, K]`` float32 scores, rows ``g * Q + i``.
+        value: ``[B, H_kv, K, D]``.
+    """
+    width = scores.shape[-1]
+    if plan.width > width:
+        scores = F.pad(scores, (0, plan.width - width), value=float("-inf"))
+    if plan.masked is not None:
+        scores[..., :width].masked_fill_(plan.masked, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # [B, H_kv, rows, K rounded up]
+    values = value.new_empty((*value.shape[:2], plan.width, value.shape[-1]), dtype=torch.float32)
+    values[:, :, :width] = value  # [B, H_kv, K rounded up, D]: contiguous, so its blocks are a view
+    values[:, :, width:] = 0.0
+    return _fold(_block_products(weights, values))
+
+
+def _gathered_attention(scores: torch.Tensor, value: torch.Tensor, plan: _Gather, queries: int) -> torch.Tensor:
+    """``[B, H_kv, groups * Q, D]`` float32 attention of queries whose visible keys are not a prefix of the buffer
+    (tree nodes), from their scores.
 
     A tree node sees the prefix and its ancestors, which sit in the buffer among masked siblings. Masked keys add
     exact zeros, but the softmax and the weighted sum of values would still group the visible terms by their buffer
     slots, which differ from the slots the same tokens hold once accepted and decoded one at a time. Each score does
-    not depend on its slot (one dot product), so each query's visible scores, and the values they weigh, are gathered
-    first, in slot order (their order in the sequence), into the first places of a row of their own; padded with
-    masked places, the sums then group the same terms as plain decoding does.
+    not depend on its slot (one dot product), so each query's visible scores are gathered first, in slot order (their
+    order in the sequence), into the first places of a row of their own, padded with masked places: its softmax then
+    sees what plain decoding's does. The weighted sum takes the whole key blocks of the run of slots the query sees
+    from the first straight from the buffer (its slots there are its places) and gathers the values of the rest of its
+    places, so that every block of :func:`_block_products` holds the terms it holds in plain decoding.
 
     Args:
         scores: ``[B, H_kv, groups * Q, K]`` float32 scores, rows ``g * Q + i``.
         value: ``[B, H_kv, K, D]``.
-        plan: each query's visible slots first (``[B, Q, K']``), which of those places are visible, and K'.
     """
-    batch, kv_heads, rows, _ = scores.shape
+    batch, kv_heads, rows, width = scores.shape
     groups = rows // queries
-    order, visible, longest = plan
-    index = order[:, None, None].expand(batch, kv_heads, groups, queries, longest)
-    gathered = torch.gather(scores.reshape(batch, kv_heads, groups, queries, -1), 4, index)  # [B, H_kv, G, Q, K']
-    gathered = gathered.masked_fill(~visible[:, None, None], float("-inf"))
-    weights = torch.softmax(gathered, dim=-1).to(value.dtype).transpose(2, 3)  # [B, H_kv, Q, G, K']
-    items = batch * kv_heads * queries
-    out = torch.bmm(weights.reshape(items, groups, longest), _gather_slots(value, order))  # [items, G, D]
-    out = out.reshape(batch, kv_heads, queries, groups, value.shape[-1]).transpose(2, 3)
-    out = out.reshape(batch, kv_heads * groups, queries, value.shape[-1]).transpose(1, 2)
-    return out.contiguous(), None
+    index = plan.order[:, None, None].expand(batch, kv_heads, groups, queries, -1)
+    gathered = torch.gather(scores.reshape(batch, kv_heads, groups, queries, width), 4, index)  # [B, H_kv, G, Q, K']
+    gathered.masked_fill_(~plan.visible[:, None, None], float("-inf"))
+    weights = torch.softmax(gathered, dim=-1)
+    values = value.float()
+    partials = []
+    buffered = plan.in_buffer.shape[-1]
+    if buffered:
+        kept = weights[..., :buffered].masked_fill(~plan.in_buffer[:, None, None], 0.0)
+        kept = _padded_rows(kept.reshape(batch, kv_heads, rows, buffered))
+        partials.append(_block_products(kept, values[:, :, :buffered])[:, :, :, :rows])  # [B, H_kv, n, R, D]
+    index = plan.tail[:, None, None].expand(batch, kv_heads, groups, queries, -1)
+    tail = torch.gather(weights, 4, index).masked_fill_(~plan.tail_visible[:, None, None], 0.0)  # [B, H_kv, G, Q, T]
+    tail = _padded_rows(tail.transpose(2, 3).reshape(batch * kv_heads * queries, groups, -1))
+    products = _block_products(tail, _gather_slots(values, plan.tail_slots))[:, :, :groups]  # [B H_kv Q, n', G, D]
+    products = products.reshape(batch, kv_heads, queries, -1, groups, value.shape[-1]).permute(0, 1, 3, 4, 2, 5)
+    partials.append(products.reshape(batch, kv_heads, -1, rows, value.shape[-1]))
+    return _fold(*partials)
+
+
+def _padded_rows(weights: torch.Tensor) -> torch.Tensor:
+    """``weights`` ``[..., R, K]`` with zero rows up to :data:`MIN_ROWS` (a product's rows then have their bits)."""
+    rows = weights.shape[-2]
+    return F.pad(weights, (0, 0, 0, MIN_ROWS - rows)) if rows < MIN_ROWS else weights
+
+
+def _block_products(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``[..., K / KEY_BLOCK, R, D]``: each block of :data:`KEY_BLOCK` keys' weighted sum, one float32 product of
+    that width (a product's sums then group the same terms whatever K)."""
+    *lead, rows, width = weights.shape
+    blocks = width // KEY_BLOCK
+    weights = weights.reshape(*lead, rows, blocks, KEY_BLOCK).transpose(-3, -2)  # [..., n, R, KEY_BLOCK]
+    return torch.matmul(weights, values.reshape(*lead, blocks, KEY_BLOCK, values.shape[-1]))
+
+
+# A fold of blocks of at most this many numbers runs as one cumulative sum (on a CPU), a larger one as a loop of
+# additions: the same float64 additions in the same order, so the same bits, each the faster one where it is used.
+_FOLD_ELEMENTS = 4096
+
+
+def _fold(*partials: torch.Tensor) -> torch.Tensor:
+    """``[..., R, D]`` float32: the blocks of ``partials`` (``[..., n_i, R, D]`` each, in order) added one after the
+    other to a float64 zero, then rounded once. Blocks of exact zeros after or among the others leave the sum as it
+    is, so a query's sum does not depend on how many such blocks its forward computes."""
+    first = partials[0]
+    if first.device.type == "cpu" and first[..., 0, :, :].numel() <= _FOLD_ELEMENTS:
+        blocks = first if len(partials) == 1 else torch.cat(partials, dim=-3)
+        return blocks.cumsum(dim=-3).select(-3, -1)  # (a CPU's cumulative sum of float32 runs in float64)
+    total = torch.zeros(first[..., 0, :, :].shape, dtype=torch.float64, device=first.device)
+    for blocks in partials:
+        for block in blocks.unbind(dim=-3):
+            total += block
+    return total.float()
 
 
 def _gather_slots(states: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -230,6 +362,8 @@ def _rows_in_blocks(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable
         rows = x.reshape(-1, x.shape[-1])  # [M, K]
         if 2 <= rows.shape[0] <= MAX_PRODUCT_ROWS:
             return forward(x)
+        if rows.shape[0] == 1 and x.dim() > 1:  # a decoding step's row [..., 1, K]: as below, without the split
+            return forward(F.pad(x, (0, 0, 0, 1)))[..., :1, :]
         outs = []
         for block in rows.split(MAX_PRODUCT_ROWS):
             count = block.shape[0]

@@ -139,7 +139,8 @@ class SpecDecoder:
         attention: how the base computes while this decoder drives it. ``"invariant"``: batch-invariant (see
             :mod:`specheads.inference.attention`): a position's logits have the same bits whatever the number of
             tokens verified with it, the rows beside it and the cache's width, so that in bf16/fp16 every drafter's
-            greedy output equals this engine's own one-token decoding (``method="none"``) token for token.
+            greedy output equals this engine's own one-token decoding (``method="none"``) token for token (a
+            prompt is computed the model's own way, each alone: no step computes its positions again).
             ``"model"``: the model's own attention implementation. ``"auto"`` (default): invariant for a bf16/fp16
             base on a CPU, the model's own otherwise (in float32 that output equals transformers' greedy).
         prompt_lookup: compose prompt lookup with the drafter (:mod:`specheads.inference.lookup`): True for the
@@ -336,20 +337,21 @@ class SpecDecoder:
     def _run(
         self, prompts: list[torch.Tensor], config: GenerationConfig, first_index: int = 0
     ) -> Iterator[tuple[DecodeState, dict[int, list[int]]]]:
-        """The decode loop (see :meth:`_loop`), with the base switched to batch-invariant computation for its
-        duration when :attr:`batch_invariant` (restored when the loop ends or its generator is closed)."""
+        """The prefill (the base's own computation, see :meth:`_prefill`), then the decode loop (see :meth:`_loop`)
+        with the base switched to batch-invariant computation for its duration when :attr:`batch_invariant`
+        (restored when the loop ends or its generator is closed)."""
+        start = time.perf_counter()
+        settings = self._settings(config)
+        inputs.check_lengths(prompts, self._max_length(), first_index)
+        state = self._prefill(prompts, settings)
         with attention.batch_invariant(self.model, self.batch_invariant):
-            yield from self._loop(prompts, config, first_index)
+            yield from self._loop(state, settings, start)
 
     @torch.inference_mode()
     def _loop(
-        self, prompts: list[torch.Tensor], config: GenerationConfig, first_index: int = 0
+        self, state: DecodeState, settings: _Settings, start: float
     ) -> Iterator[tuple[DecodeState, dict[int, list[int]]]]:
-        start = time.perf_counter()
-        settings = self._settings(config)
         max_length = self._max_length()
-        inputs.check_lengths(prompts, self._max_length(), first_index)
-        state = self._prefill(prompts, settings)
         self.drafter.reset(state)
         while state.rows:
             limits = [self._max_depth(state, row, settings.max_new_tokens, max_length) for row in state.rows]
@@ -400,11 +402,15 @@ class SpecDecoder:
         if state.rows:
             self.drafter.keep_rows(state, keep)
 
+    @torch.inference_mode()
     def _prefill(self, prompts: list[torch.Tensor], settings: _Settings) -> DecodeState:
-        """Run every prompt except its last token (each row's first root) through the base, in one forward.
+        """Run every prompt except its last token (each row's first root) through the base, one prompt at a time.
 
-        The token buffer and the cache hold what can be used: prompt + ``max_new_tokens``, but never more than the
-        model's positions (generation stops there with ``"max_length"``), plus the cache's room for one verify step.
+        The base computes a prompt its own way, not batch-invariantly (:meth:`_run`): no step computes a prompt
+        position again, so every decoder reads the same cache of a prompt, and each prompt is computed alone, as in
+        a batch of its own (a batch's cache is then stacked from its rows'). The token buffer and the cache hold what
+        can be used: prompt + ``max_new_tokens``, but never more than the model's positions (generation stops there
+        with ``"max_length"``), plus the cache's room for one verify step.
         """
         lengths = [int(ids.shape[1]) for ids in prompts]
         batch, longest = len(prompts), max(lengths)
@@ -417,25 +423,29 @@ class SpecDecoder:
         tokens = torch.zeros(batch, slots, dtype=torch.long, device=device)
         for row, ids in enumerate(prompts):
             tokens[row, : lengths[row]] = ids[0]
-        cache = kv_cache.new_cache(batch, capacity, device)
+        counts = [length - 1 for length in lengths]
+        caches = [kv_cache.new_cache(1, capacity, device) for _ in prompts]
+        hidden = [self._prefill_row(tokens[row : row + 1, : counts[row]], caches[row]) for row in range(batch)]
+        cache = caches[0] if batch == 1 else kv_cache.stack_rows(caches)
         state = DecodeState(tokens, list(lengths), list(lengths), cache)
         state.host_tokens = [ids[0].tolist() for ids in prompts]
         seeds = settings.seed if isinstance(settings.seed, list) else [settings.seed] * batch
         state.generators = [self._generator(settings, seed) for seed in seeds]
-        counts = [length - 1 for length in lengths]
-        if max(counts) > 0:
-            width = max(counts)
-            if batch == 1:
-                mask = None
-            else:
-                mask = kv_cache.step_mask([0] * batch, [kv_cache.causal(n, device) for n in counts], width, device)
-            positions = torch.arange(width, device=device)[None].expand(batch, -1)
-            # Only the cache and the kept hidden states are read: no [B, T, V] logits over the whole prompt.
-            out = self._forward(tokens[:, :width], cache, mask, positions, logits_to_keep=1)
-            kv_cache.advance(cache, counts)
-            state.hidden_states = self._kept_hidden(out, None)
+        if self.drafter.hidden_state_layers and max(counts) > 0:
+            state.hidden_states = tuple(_stacked_rows(layer, max(counts)) for layer in zip(*hidden, strict=True))
         state.hidden_counts = counts if state.hidden_states else []
         return state
+
+    def _prefill_row(self, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor | None, ...]:
+        """One prompt's tokens ``[1, n]`` into its own cache; the hidden states the drafter asked for (None each
+        when n = 0)."""
+        if ids.shape[1] == 0:
+            return (None,) * len(self.drafter.hidden_state_layers)
+        positions = torch.arange(ids.shape[1], device=ids.device)[None]
+        # Only the cache and the kept hidden states are read: no [1, n, V] logits over the whole prompt.
+        out = self._forward(ids, cache, None, positions, logits_to_keep=1)
+        kv_cache.advance(cache, [ids.shape[1]])
+        return self._kept_hidden(out, None)
 
     def _largest_step(self, settings: _Settings) -> int:
         """Tree nodes of the largest verify step (what the cache reserves beyond the generated tokens)."""
@@ -733,6 +743,13 @@ def _truncated(proposal: Proposal | None, max_depth: int) -> Proposal | None:
         return Proposal(proposal.tokens[:, :count], tree, probs)
     mask, depths = proposal.attention_mask[:, : count + 1, : count + 1], proposal.depths[:, : count + 1]
     return Proposal(proposal.tokens[:, :count], tree, probs, mask, depths)
+
+
+def _stacked_rows(rows: tuple[torch.Tensor | None, ...], width: int) -> torch.Tensor:
+    """``[B, width, H]``: each row's ``[1, n, H]`` hidden states (None: n = 0), padded with zeros after its n."""
+    like = next(row for row in rows if row is not None)
+    present = [like.new_zeros(1, 0, like.shape[-1]) if row is None else row for row in rows]
+    return torch.cat([torch.nn.functional.pad(row, (0, 0, 0, width - row.shape[1])) for row in present])
 
 
 def _shape(

@@ -10,7 +10,8 @@ rows cannot use). Speculative decoding then needs three operations transformers 
 * :func:`commit`: after verifying a tree, move each row's accepted slots right after its prefix (an in-place gather)
   and advance its length; nothing else moves;
 * :func:`crop`: roll rows back to given lengths (rejected chain drafts, a draft's own cache): a length update;
-* :func:`keep_rows`: drop finished rows from the batch (once per finished row, not per step).
+* :func:`keep_rows`: drop finished rows from the batch (once per finished row, not per step);
+* :func:`stack_rows`: one batch's cache from its rows' caches (each prompt prefilled alone).
 
 ``DynamicCache`` (concatenation per step) stays for training-time unrolls and the functions' original one-row form.
 
@@ -157,6 +158,22 @@ def row_lengths(cache: SlotCache) -> list[int]:
 def advance(cache: SlotCache, counts: list[int]) -> None:
     """Commit the first ``counts[b]`` slots a forward wrote for row b (a ragged feed: padded tokens are dropped)."""
     cache.lengths[: cache.batch] = [length + count for length, count in zip(cache.lengths, counts, strict=False)]
+
+
+def stack_rows(rows: list[SlotCache]) -> SlotCache:
+    """One cache whose rows are the one-row caches ``rows``, in order (prompts prefilled one at a time); a row whose
+    cache was never written holds zeros. The caches have one capacity."""
+    cache = SlotCache(len(rows), rows[0].capacity)
+    cache.lengths = [row.lengths[0] for row in rows]
+    written = next((row for row in rows if row.layers), None)
+    for index, template in enumerate([] if written is None else written.layers):
+        layer = SlotLayer(cache)
+        for name in ("keys", "values"):
+            empty = torch.zeros_like(getattr(template, name))
+            setattr(layer, name, torch.cat([getattr(row.layers[index], name) if row.layers else empty for row in rows]))
+        layer.device, layer.dtype, layer.is_initialized = template.device, template.dtype, True
+        cache.layers.append(layer)
+    return cache
 
 
 def keep_rows(cache: SlotCache, rows: list[int]) -> None:

@@ -84,3 +84,32 @@ def test_crop_rolls_back() -> None:
         _forward(model, ids[:, :4], rebuilt)
     assert kv_cache.seq_length(cache) == 4
     torch.testing.assert_close(cache.layers[0].keys, rebuilt.layers[0].keys, rtol=1e-4, atol=1e-5)
+
+
+def test_stacked_rows_hold_each_prompt_alone_and_a_step_reads_them_as_the_row_alone() -> None:
+    """A batch's cache stacked from its prompts' own caches (one empty) holds each row's slots and length, and a
+    ragged step over it gives each row the logits of the same step on that row's cache alone."""
+    model = tiny_model("llama")
+    generator = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(2, 96, (1, length), generator=generator) for length in (7, 0, 3)]
+    rows = [kv_cache.new_cache(1, 12) for _ in prompts]
+    with torch.no_grad():
+        for ids, cache in zip(prompts, rows, strict=True):
+            if ids.shape[1]:
+                _forward(model, ids, cache, positions=torch.arange(ids.shape[1])[None])
+                kv_cache.advance(cache, [ids.shape[1]])
+        stacked = kv_cache.stack_rows(rows)
+        assert kv_cache.row_lengths(stacked) == [7, 0, 3]
+        for row, cache in enumerate(rows):
+            for index, layer in enumerate(stacked.layers):
+                for name in ("keys", "values"):
+                    mine = getattr(layer, name)[row]
+                    own = getattr(cache.layers[index], name)[0] if cache.layers else torch.zeros_like(mine)
+                    assert torch.equal(mine, own), (row, index, name)
+        step = torch.randint(2, 96, (3, 1), generator=generator)
+        mask = kv_cache.step_mask([7, 0, 3], [kv_cache.causal(1)] * 3, 1)
+        batched = _forward(model, step, stacked, mask, torch.tensor([[7], [0], [3]])).logits[:, -1]
+        for row, cache in enumerate(rows):
+            position = torch.tensor([[prompts[row].shape[1]]])
+            alone = _forward(model, step[row : row + 1], cache, positions=position).logits[0, -1]
+            torch.testing.assert_close(batched[row], alone, rtol=1e-4, atol=1e-5)
