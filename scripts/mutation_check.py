@@ -5,8 +5,9 @@
 The mutations live in ``scripts/mutations/``, one module a place of the code. Each replaces one exact snippet of
 the package (the replacement must apply exactly once, so a refactor that moves the code makes the check fail loudly
 instead of testing nothing), then runs its tests in the copy with ``pytest -x``. A mutation is caught only when those
-tests fail **and** the tests that failed pass on an unmutated copy of the same tree: a test that fails for another
-reason (a missing package, a broken fixture) is not a catch. Anything else survives: the script exits 1 and names it.
+tests fail **and** the tests that failed pass on an unmutated copy of the same tree (every mutation's failing tests
+rerun there in one pytest run at the end): a test that fails for another reason (a missing package, a broken
+fixture) is not a catch. Anything else survives: the script exits 1 and names it.
 The copies hold the files of the working tree that git does not ignore and are installed nowhere: tests import the
 package from the copy's root (``PYTHONPATH``), with this interpreter and its packages. ``--jobs`` mutations run at
 once (default: one a core; the tests run on one thread each).
@@ -71,6 +72,16 @@ def failed_tests(output: str) -> list[str]:
 
 
 @dataclass
+class Trial:
+    """A mutation's tests run on its mutated copy: the tests that failed (none: it survived)."""
+
+    mutation: Mutation
+    failed: list[str]
+    seconds: float
+    tail: str
+
+
+@dataclass
 class Verdict:
     mutation: Mutation
     caught: bool
@@ -78,10 +89,8 @@ class Verdict:
     detail: str
 
 
-def run_mutation(mutation: Mutation, pristine: Path, keep: bool) -> Verdict:
-    """Apply the mutation to a fresh copy, run its tests; a catch counts only if the tests that failed pass on
-    ``pristine`` (an unmutated copy): a test that fails for another reason (a missing package, a broken fixture)
-    proves nothing."""
+def run_mutation(mutation: Mutation, keep: bool) -> Trial:
+    """Apply the mutation to a fresh copy and run its tests there (stopping at the first failure)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"mutation-{mutation.name}-"))
     try:
         copy_tree(workdir)
@@ -97,22 +106,61 @@ def run_mutation(mutation: Mutation, pristine: Path, keep: bool) -> Verdict:
         started = time.perf_counter()
         code, output = pytest_run(workdir, mutation.tests, {**env, "PYTHONPATH": str(workdir)})
         tail = "\n".join(output.strip().splitlines()[-4:])
-        if code == 0:
-            return Verdict(mutation, False, time.perf_counter() - started, tail)
-        failed = failed_tests(output)
-        if code not in (1, 2) or not failed:
+        failed = failed_tests(output) if code else []
+        if code and (code not in (1, 2) or not failed):
             raise SystemExit(f"{mutation.name}: pytest could not run the tests (exit {code}):\n{tail}")
-        # The proof: the same failing tests, on the unmutated tree.
-        control, control_output = pytest_run(pristine, failed, {**env, "PYTHONPATH": str(pristine)})
-        seconds = time.perf_counter() - started
-        if control != 0:
-            control_tail = "\n".join(control_output.strip().splitlines()[-4:])
-            detail = f"failed with the mutation, and also WITHOUT it (not a catch): {' '.join(failed)}\n{control_tail}"
-            return Verdict(mutation, False, seconds, detail)
-        return Verdict(mutation, True, seconds, f"caught by {' '.join(failed)}")
+        return Trial(mutation, failed, time.perf_counter() - started, tail)
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def prove(trials: Sequence[Trial], pristine: Path) -> list[Verdict]:
+    """The verdicts of ``trials``: a mutation is caught only if the tests that failed with it pass on ``pristine``
+    (an unmutated copy), since a test that fails for another reason (a missing package, a broken fixture) proves
+    nothing. Every failing test of every trial is rerun there once, in one pytest run (not one per mutation), each
+    mutation's own environment grouped."""
+    broken: set[str] = set()
+    groups: dict[tuple[tuple[str, str], ...], set[str]] = {}
+    for trial in trials:
+        groups.setdefault(tuple(sorted(trial.mutation.env)), set()).update(trial.failed)
+    tails = []
+    for env, ids in groups.items():
+        if not ids:
+            continue
+        run_env = {**os.environ, "HF_HUB_OFFLINE": "1", **dict(env), "PYTHONPATH": str(pristine)}
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *sorted(ids)],
+            cwd=pristine, env=run_env, capture_output=True, text=True,
+        )  # fmt: skip
+        broken.update(failed_tests(done.stdout + done.stderr))
+        tails.append("\n".join((done.stdout + done.stderr).strip().splitlines()[-4:]))
+    verdicts = []
+    for trial in trials:
+        if not trial.failed:
+            verdicts.append(Verdict(trial.mutation, False, trial.seconds, trial.tail))
+            continue
+        # a collection error names its file: every test of that file failed too
+        also = [test for test in trial.failed if any(test == bad or test.startswith(bad + "::") for bad in broken)]
+        if also:
+            detail = "failed with the mutation, and also WITHOUT it (not a catch): " + " ".join(also)
+            detail += "\n" + "\n".join(tails)
+            verdicts.append(Verdict(trial.mutation, False, trial.seconds, detail))
+        else:
+            verdicts.append(Verdict(trial.mutation, True, trial.seconds, f"caught by {' '.join(trial.failed)}"))
+    return verdicts
+
+
+def check_mutations(mutations: Sequence[Mutation], pristine: Path, jobs: int, keep: bool) -> list[Verdict]:
+    """Run ``mutations`` ``jobs`` at once, then prove their catches on ``pristine`` in one batch (see :func:`prove`);
+    each trial's line is printed as it ends."""
+    trials = []
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for trial in pool.map(lambda m: run_mutation(m, keep), mutations):
+            state = "failed" if trial.failed else "SURVIVED"
+            print(f"{state:8} {trial.seconds:6.1f} s  {trial.mutation.name}", flush=True)
+            trials.append(trial)
+    return prove(trials, pristine)
 
 
 def main() -> int:
@@ -143,15 +191,14 @@ def main() -> int:
     survivors = []
     try:
         copy_tree(pristine)
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            for verdict in pool.map(lambda m: run_mutation(m, pristine, args.keep), chosen):
-                word = "caught" if verdict.caught else "SURVIVED"
-                print(
-                    f"{word:8} {verdict.seconds:6.1f} s  {verdict.mutation.name}: {verdict.mutation.what}", flush=True
-                )
-                print("         " + verdict.detail.replace("\n", "\n         "), flush=True)
-                if not verdict.caught:
-                    survivors.append(verdict.mutation.name)
+        print("each mutation's tests on its copy (failed: to be proven on the unmutated tree below)", flush=True)
+        verdicts = check_mutations(chosen, pristine, args.jobs, args.keep)
+        for verdict in verdicts:
+            word = "caught" if verdict.caught else "SURVIVED"
+            print(f"{word:8} {verdict.seconds:6.1f} s  {verdict.mutation.name}: {verdict.mutation.what}", flush=True)
+            print("         " + verdict.detail.replace("\n", "\n         "), flush=True)
+            if not verdict.caught:
+                survivors.append(verdict.mutation.name)
     finally:
         shutil.rmtree(pristine, ignore_errors=True)
     minutes = (time.perf_counter() - started) / 60
