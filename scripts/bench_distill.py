@@ -144,6 +144,7 @@ def main() -> None:
         prompts=prompts,
         max_new_tokens=args.max_new_tokens,
         use_chat_template=not args.no_chat_template,
+        allow_evaluation_prompts=True,  # timed, not trained on: the shipped prompts are evaluation prompts
     )
     plain, speculative = common, {**common, "decoder": decoder, "decoder_options": options}
     load_before = os.getloadavg()

@@ -33,7 +33,7 @@ def main() -> None:
     from specheads.methods.medusa.losses import medusa_loss
     from specheads.training.config import DataConfig
     from specheads.training.data import build_dataset
-    from specheads.training.trainer import expand_data_paths
+    from specheads.training.files import expand_data_paths
 
     torch.set_num_threads(args.threads)
     base = load_causal_lm(args.base).requires_grad_(False)

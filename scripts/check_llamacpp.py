@@ -98,18 +98,20 @@ def check_distill(args, work: Path, base, tokenizer, base_gguf: Path, failures: 
     files = {name: work / f"distill-{name}.jsonl" for name in ("local", "c1", "c4", "killed")}
     for path in files.values():
         path.unlink(missing_ok=True)
-    distill(base, tokenizer, prompts, files["local"], max_new_tokens=new, batch_size=8, progress=False)
+    # Evaluation prompts (the shipped ones, MT-Bench): these files compare engines; nothing trains on them.
+    allow = {"allow_evaluation_prompts": True, "progress": False}
+    distill(base, tokenizer, prompts, files["local"], max_new_tokens=new, batch_size=8, **allow)
     server = LlamaServer(args.server, base_gguf, threads=args.threads, log=work / "server.log", parallel=4,
                          context=2048 * 4, port=free_port())  # fmt: skip
     with server:
-        one = distill_server(server.url, tokenizer, prompts, files["c1"], new, concurrency=1, progress=False)
-        four = distill_server(server.url, tokenizer, prompts, files["c4"], new, concurrency=4, progress=False)
+        one = distill_server(server.url, tokenizer, prompts, files["c1"], new, concurrency=1, **allow)
+        four = distill_server(server.url, tokenizer, prompts, files["c4"], new, concurrency=4, **allow)
         outcome: dict = {}
 
         def run() -> None:
             try:
                 outcome["result"] = distill_server(server.url, tokenizer, prompts, files["killed"], new,
-                                                   concurrency=4, retries=8, progress=False)  # fmt: skip
+                                                   concurrency=4, retries=8, **allow)  # fmt: skip
             except Exception as error:  # reported below
                 outcome["error"] = error
 

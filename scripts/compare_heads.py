@@ -31,9 +31,10 @@ def main() -> None:
     from specheads.loading import load_causal_lm, load_tokenizer
     from specheads.prompts import load_prompts, prompt_token_ids
     from specheads.registry import head_type_of
+    from specheads.training.batches import collate_trimmed
     from specheads.training.config import load_config
     from specheads.training.data import build_dataset
-    from specheads.training.trainer import collate_trimmed, expand_data_paths
+    from specheads.training.files import expand_data_paths
 
     config = load_config(args.config, [])
     base = load_causal_lm(config.model.base)

@@ -54,7 +54,7 @@ def training_rows(config: RecipeConfig) -> tuple[int, int, int]:
     """Rows, unique real tokens and unique target tokens of a recipe's training split."""
     from specheads.loading import load_tokenizer
     from specheads.training.data import build_dataset
-    from specheads.training.trainer import expand_data_paths
+    from specheads.training.files import expand_data_paths
 
     data = dataclasses.replace(config.data, paths=expand_data_paths(config.data.paths))
     rows = build_dataset(data, load_tokenizer(config.model.tokenizer or config.model.base)).with_format("torch")
@@ -68,7 +68,8 @@ def training_rows(config: RecipeConfig) -> tuple[int, int, int]:
 
 def run_point(args: argparse.Namespace, records: int) -> list[dict[str, Any]]:
     """Train (or resume, or read) one point; its evaluations, one per epoch."""
-    from specheads.training.trainer import EVALS, train
+    from specheads.training.run_state import EVALS
+    from specheads.training.trainer import train
 
     config = point_config(args, records)
     rows, tokens, targets = training_rows(config)
@@ -104,7 +105,7 @@ def one_pass_points(run: Path) -> list[dict[str, Any]]:
     A run that continued the heads of an earlier one-epoch run on other data (``train.init_from`` naming that run's
     ``heads``) continues its line: the earlier run's points come first, and this run's tokens count on from the
     earlier run's last."""
-    from specheads.training.trainer import EVALS
+    from specheads.training.run_state import EVALS
 
     earlier_run = _continued_run(run)
     earlier = one_pass_points(earlier_run) if earlier_run is not None else []
@@ -133,7 +134,7 @@ def one_pass_points(run: Path) -> list[dict[str, Any]]:
 
 def _continued_run(run: Path) -> Path | None:
     """The run folder whose exported heads ``run`` started from (``train.init_from``), when it is a run folder."""
-    from specheads.training.trainer import EVALS, RUN_CONFIG
+    from specheads.training.run_state import EVALS, RUN_CONFIG
 
     recorded = run / RUN_CONFIG
     init = json.loads(recorded.read_text()).get("train", {}).get("init_from") if recorded.is_file() else None
@@ -142,7 +143,7 @@ def _continued_run(run: Path) -> Path | None:
 
 def _tokens_trained(run: Path) -> int:
     """The tokens a finished run trained on (its final state; else its last evaluation's)."""
-    from specheads.training.trainer import EVALS, FINAL_STATE
+    from specheads.training.run_state import EVALS, FINAL_STATE
 
     final = run / FINAL_STATE
     if final.is_file() and "tokens_seen" in (state := json.loads(final.read_text())):

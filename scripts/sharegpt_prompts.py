@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     # imported once the arguments are read: --help and a usage error answer without loading torch
     from specheads.contamination import evaluation_index, words
     from specheads.loading import load_tokenizer
-    from specheads.training.data import read_sharegpt_conversations, sharegpt_path
+    from specheads.training.files import sharegpt_path
+    from specheads.training.json_stream import read_sharegpt_conversations
 
     if args.heldout < 0 or bool(args.heldout) != bool(args.heldout_out):
         parser.error("--heldout N (N >= 1) and --heldout-out FILE go together")

@@ -112,8 +112,9 @@ def _loader(config: Any, data: str | None, batch_size: int) -> Any:
     import torch
 
     from specheads.loading import load_tokenizer
+    from specheads.training.batches import collate_trimmed
     from specheads.training.data import build_dataset
-    from specheads.training.trainer import collate_trimmed, eval_data, expand_data_paths
+    from specheads.training.files import eval_data, expand_data_paths
 
     tokenizer = load_tokenizer(config.model.tokenizer or config.model.base)
     settings = config.data if data is None else dataclasses.replace(config.data, eval_paths=[data])

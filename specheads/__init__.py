@@ -14,9 +14,7 @@ from specheads.registry import public_names
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "BlockTree": "specheads.inference.trees",
     "DraftModelDrafter": "specheads.inference.drafters",
-    "DynamicTree": "specheads.inference.trees",
     "GenerationConfig": "specheads.inference.generation",
     "GenerationOutput": "specheads.inference.decoder",
     "HeadCheckpointError": "specheads.heads.checkpoint",
@@ -26,7 +24,7 @@ _EXPORTS = {
     "SpecStats": "specheads.metrics",
     "TreeError": "specheads.inference.trees",
     "load_heads": "specheads.heads.loading",
-    **public_names(),  # every method's heads, configs and drafters, as their registry entries list them
+    **public_names(),  # every method's heads, configs, drafters and grown trees, as their registry entries list them
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -37,7 +35,7 @@ if TYPE_CHECKING:  # for type checkers: __all__ is built from the tables above
     from specheads.inference.decoder import GenerationOutput, SpecDecoder  # noqa: F401
     from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter  # noqa: F401
     from specheads.inference.generation import GenerationConfig  # noqa: F401
-    from specheads.inference.trees import BlockTree, DynamicTree, TreeError  # noqa: F401
+    from specheads.inference.trees import TreeError  # noqa: F401
     from specheads.metrics import SpecStats  # noqa: F401
 
 

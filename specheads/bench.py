@@ -24,21 +24,20 @@ Baselines: ``hf-greedy`` (``generate(do_sample=False)``, the denominator of ever
 (``prompt_lookup_num_tokens=``). specheads methods: ``none``, ``draft-k{K}``, ``draft-adaptive``, ``prompt-lookup``
 and, for each ``--heads`` checkpoint, ``<head type>-<tree>`` (e.g. ``medusa-chain-3``, ``eagle-dynamic``,
 ``eagle-auto``); with ``--prompt-lookup``, each of them but ``prompt-lookup`` also with prompt lookup composed
-(``none+lookup``, ``draft-k3+lookup``, ``eagle-dynamic+lookup``, ...). Rows with statistics report the per-step draft
-and verify time, which says which tree size pays.
+(``none+lookup``, ``draft-k3+lookup``, ``eagle-dynamic+lookup``, ...), and with ``--lookup-corpus`` a corpus of
+earlier outputs in their index. Rows with statistics report the per-step draft and verify time, which says which
+tree size pays. The report's text and figure are :mod:`specheads.bench_report`'s.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -48,13 +47,14 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.extras import install_hint
 from specheads.inference.construction import calibrated_lookup
 from specheads.inference.decoder import SpecDecoder
 from specheads.inference.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
+from specheads.inference.lookup import lookup_settings
 from specheads.loading import eos_token_ids, pad_token_id
-from specheads.machine import BUSY_CORES
+from specheads.machine import MachineLoad
 from specheads.metrics import SpecStats
+from specheads.options import BenchOptions
 from specheads.prompts import Prompt, prompt_token_ids
 from specheads.registry import head_type_of
 
@@ -178,10 +178,20 @@ def _spec_runner(decoder: SpecDecoder, **generate_kwargs: Any) -> RunFn:
     return run
 
 
-def _lookup_row(base: PreTrainedModel, name: str, drafter: Drafter, **generate_kwargs: Any) -> BenchMethod:
+def _lookup_row(
+    base: PreTrainedModel,
+    name: str,
+    drafter: Drafter,
+    corpus: Sequence[Sequence[int]] | None = None,
+    **generate_kwargs: Any,
+) -> BenchMethod:
     """The ``<name>+lookup`` row: ``drafter`` with prompt lookup composed, in the settings calibrated with its heads
-    (``calibrate --prompt-lookup``), else the defaults (what ``from_pretrained(..., prompt_lookup=True)`` takes)."""
-    decoder = SpecDecoder(base, drafter, prompt_lookup=calibrated_lookup(drafter) or True)
+    (``calibrate --prompt-lookup``), else the defaults (what ``from_pretrained(..., prompt_lookup=True)`` takes),
+    with ``corpus`` (token lists) in its index when given."""
+    settings = lookup_settings(calibrated_lookup(drafter) or True)
+    if corpus is not None:
+        settings = replace(settings, corpus=corpus)
+    decoder = SpecDecoder(base, drafter, prompt_lookup=settings)
     return BenchMethod(f"{name}+lookup", _spec_runner(decoder, **generate_kwargs), has_stats=True)
 
 
@@ -195,18 +205,21 @@ def build_methods(
     heads: Sequence[tuple[str, torch.nn.Module]] = (),
     trees: dict[str, Sequence[str]] | None = None,
     prompt_lookup: bool = False,
+    lookup_corpus: Sequence[Sequence[int]] | None = None,
 ) -> list[BenchMethod]:
     """The methods of a benchmark run; ``hf-greedy`` always comes first (it is the reference).
 
     ``draft-adaptive`` drafts up to ``max(draft_ks)`` tokens and stops when the draft's confidence in its token falls
     below ``draft_confidence`` (0.4 is transformers' initial ``assistant_confidence_threshold``). ``heads`` rows use
-    ``trees[head type]`` (default: the head type's ``bench_trees``); a tree the heads cannot decode is skipped.
+    ``trees[head type]`` (default: its registry entry's ``default_bench_trees()``); a tree the heads cannot decode is
+    skipped.
     ``only`` keeps the rows it names, of every family: row names (``none``, ``draft-k3``, ``eagle-chain-3``, ...) or
     a ``heads`` label for all of its rows (``eagle``); ``hf-greedy`` and the exactness reference always run.
 
     ``prompt_lookup``: each specheads row but ``prompt-lookup`` gets a ``<row>+lookup`` row next to it, its drafter
     with prompt lookup composed (:func:`_lookup_row`): ``none+lookup``, ``draft-k3+lookup``, ``eagle-dynamic+lookup``,
     ...; ``only`` names them, or ``<label>+lookup`` (``eagle+lookup``) for all of a heads label's lookup rows.
+    ``lookup_corpus``: token lists every lookup row's index also holds (``PromptLookup.corpus``).
 
     Raises:
         ValueError: ``only`` names no row and no label.
@@ -223,24 +236,24 @@ def build_methods(
     plain = SpecDecoder(base, NoDrafter())
     methods.append(BenchMethod("none", _spec_runner(plain), has_stats=True, exact_reference=plain.batch_invariant))
     if prompt_lookup:
-        methods.append(_lookup_row(base, "none", plain.drafter))
+        methods.append(_lookup_row(base, "none", plain.drafter, lookup_corpus))
     if draft is not None:
         for k in draft_ks:
             decoder = SpecDecoder(base, DraftModelDrafter(draft, k))
             methods.append(BenchMethod(f"draft-k{k}", _spec_runner(decoder), has_stats=True))
             if prompt_lookup:
-                methods.append(_lookup_row(base, f"draft-k{k}", decoder.drafter))
+                methods.append(_lookup_row(base, f"draft-k{k}", decoder.drafter, lookup_corpus))
         adaptive = DraftModelDrafter(draft, max(draft_ks), confidence_threshold=draft_confidence)
         methods.append(BenchMethod("draft-adaptive", _spec_runner(SpecDecoder(base, adaptive)), has_stats=True))
         if prompt_lookup:
-            methods.append(_lookup_row(base, "draft-adaptive", adaptive))
+            methods.append(_lookup_row(base, "draft-adaptive", adaptive, lookup_corpus))
     methods.append(
         BenchMethod("prompt-lookup", _spec_runner(SpecDecoder(base, PromptLookupDrafter(lookup_k))), has_stats=True)
     )
     labels = {}  # a heads row's name -> its heads' label
     for label, head_module in heads:
         head_type = head_type_of(head_module)
-        for tree in (trees or {}).get(head_type.name, head_type.bench_trees):
+        for tree in (trees or {}).get(head_type.name, head_type.default_bench_trees()):
             drafter = head_type.make_drafter(head_module)
             decoder = SpecDecoder(base, drafter)
             try:
@@ -250,7 +263,7 @@ def build_methods(
             methods.append(BenchMethod(f"{label}-{tree}", _spec_runner(decoder, tree=tree), has_stats=True))
             labels[methods[-1].name] = label
             if prompt_lookup:
-                methods.append(_lookup_row(base, f"{label}-{tree}", drafter, tree=tree))
+                methods.append(_lookup_row(base, f"{label}-{tree}", drafter, lookup_corpus, tree=tree))
                 labels[methods[-1].name] = f"{label}+lookup"
     if only:
         available = [m.name for m in methods] + [label for label, _ in heads]
@@ -540,6 +553,70 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def benchmark(options: BenchOptions, load: MachineLoad, command: str = "") -> tuple[dict[str, Any], MachineLoad]:
+    """Run ``specheads bench`` as ``options`` say: load the prompts and the models, build the rows, run them
+    interleaved and return the report (:func:`bench_report`; ``load``: the machine's load before the run, measured
+    where the threads were chosen) and the load while it ran.
+
+    Raises:
+        ValueError: no prompts file without ``--base default``, a batch size larger than the prompts, an unknown
+            ``--methods`` row.
+    """
+    from specheads import assets
+    from specheads.heads.loading import heads_for_comparison
+    from specheads.inference.lookup import read_corpus
+    from specheads.loading import check_same_tokenizer, load_causal_lm, load_tokenizer
+    from specheads.machine import LoadMeter
+    from specheads.prompts import load_prompts, prompts_file
+
+    prompts_path = options.prompts
+    if prompts_path is None:
+        if options.base != "default":
+            raise ValueError("--prompts is required unless --base default")
+        prompts_path = assets.prompts_path()
+    tokenizer = load_tokenizer(options.tokenizer or options.base)
+    prompts = load_prompts(prompts_path, tokenizer, limit=options.limit, per_category=options.per_category)
+    batch_sizes = sorted(set(options.batch_size))
+    if batch_sizes[0] < 1 or batch_sizes[-1] > len(prompts):
+        raise ValueError(f"--batch-size values must lie in [1, {len(prompts)}] (the number of prompts)")
+    base = load_causal_lm(options.base, dtype=options.machine.dtype, device=options.machine.device)
+    draft = None
+    if options.draft_model:
+        check_same_tokenizer(tokenizer, options.draft_model)
+        draft = load_causal_lm(options.draft_model, dtype=base.dtype, device=base.device, role="draft")
+    only = options.only()
+    heads, base, merged = heads_for_comparison(options.heads, base, options.base)
+    with_lookup = options.lookup.prompt_lookup or any(name.endswith("+lookup") for name in only or ())
+    corpus = read_corpus(options.lookup.lookup_corpus, tokenizer) if options.lookup.lookup_corpus else None
+    methods = build_methods(
+        base,
+        draft,
+        draft_ks=options.draft_k,
+        lookup_k=options.lookup_k,
+        only=only,
+        heads=heads,
+        trees=options.tree_lists(),
+        prompt_lookup=with_lookup or corpus is not None,
+        lookup_corpus=corpus,
+    )
+    meter = LoadMeter().start()
+    run_bench(methods, prompts, tokenizer, options.max_new_tokens, repeats=options.repeats, batch_sizes=batch_sizes)
+    during = meter.stop()
+    settings = {"repeats": options.repeats, "max_new_tokens": options.max_new_tokens, "lookup_k": options.lookup_k}
+    report = bench_report(
+        methods,
+        prompts,
+        batch_sizes,
+        base=model_info(base, options.base + (" + Medusa-2 LoRA (merged)" if merged else "")),
+        draft=model_info(draft, options.draft_model) if draft is not None else None,
+        prompts_file=prompts_file(prompts_path),
+        settings=settings,
+        loads=(load, during),
+        command=command,
+    )
+    return report, during
+
+
 def bench_report(
     methods: list[BenchMethod],
     prompts: Sequence[Any],
@@ -565,21 +642,6 @@ def bench_report(
         "command": command,
         **report_rows(methods, batch_sizes, prompts),
     }
-
-
-def write_report(report: dict[str, Any], out_dir: str | Path) -> list[str]:
-    """Write ``report.json``, ``report.md`` and ``speedup.png`` (with matplotlib, the ``plot`` extra) into
-    ``out_dir``; returns the names written."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "report.md").write_text(markdown_table(report))
-    try:
-        plot_speedups(report, out / "speedup.png")
-    except ImportError:
-        print(f"speedup.png not written: matplotlib is not installed ({install_hint('matplotlib')})", file=sys.stderr)
-        return ["report.json", "report.md"]
-    return ["report.json", "report.md", "speedup.png"]
 
 
 def report_rows(
@@ -611,198 +673,3 @@ def report_rows(
             counts[name] = counts.get(name, 0) + 1
         rows.update(by_category=by_category, categories=counts)
     return rows
-
-
-def markdown_table(report: dict[str, Any]) -> str:
-    """``report.md``: one table of the methods per batch size, after a speed-up summary when there are several."""
-    lines = [
-        f"base: {report['base']['name_or_path']} ({report['base']['parameters'] / 1e6:.2f}M parameters)"
-        + (
-            f"; draft: {report['draft']['name_or_path']} ({report['draft']['parameters'] / 1e6:.2f}M)"
-            if report.get("draft")
-            else ""
-        ),
-        f"{report['prompts']} prompts{_turns_note(report)} x {report['repeats']} repeats, "
-        f"{report['max_new_tokens']} new tokens, "
-        f"temperature 0; {report['base'].get('dtype', '?').removeprefix('torch.')}; "
-        f"{report['machine']['processor']}, {report['machine']['torch_threads']} threads, {report['machine']['date']}",
-    ]
-    reference = report.get("exact_reference", "hf-greedy")
-    if reference != "hf-greedy":
-        plain = next((row for row in report["methods"] if row["name"] == reference), None)
-        equal = plain.get("outputs_equal_to_hf_greedy") if plain else None
-        lines.append(
-            f"exactness: 'matches greedy' compares every row with {reference} (this engine's one-token decoding, "
-            "batch-invariant); transformers' greedy, through another attention kernel, is another function"
-            + (f": {equal[0]} of its {equal[1]} outputs equal {reference}'s" if equal else "")
-        )
-    during = report["machine"].get("load_during")
-    if during and during["busy"] >= BUSY_CORES:
-        lines.append(
-            f"note: other processes used {during['busy']:.1f} of {during['cores']} cores while this ran; "
-            "timings are unreliable"
-        )
-    if "by_batch_size" not in report:
-        lines += ["", *_method_table(report["methods"], batched=False), *_category_section(report)]
-        return "\n".join(lines) + "\n"
-    sizes = report["batch_sizes"]
-    lines.append(
-        f"batch sizes {', '.join(map(str, sizes))}: consecutive groups of prompts decoded in one call; tokens/s = "
-        "the group's new tokens / the call's wall time; speed-up over hf-greedy (transformers' batched generate, "
-        "left padding) at the same batch size"
-    )
-    lines += [f"note: {note}" for note in report["notes"]]
-    lines += ["", "## speed-up by batch size", "", *_summary_table(report["by_batch_size"], sizes)]
-    for size in sizes:
-        lines += ["", f"## batch size {size}", "", *_method_table(report["by_batch_size"][str(size)], size > 1)]
-    lines += _category_section(report)
-    return "\n".join(lines) + "\n"
-
-
-def _turns_note(report: dict[str, Any]) -> str:
-    """`` (160 turns: ...)`` for a multi-turn prompt set, else nothing."""
-    if "turns" not in report:
-        return ""
-    reference = report.get("exact_reference", "hf-greedy")
-    return f" ({report['turns']} turns, each after {reference}'s answer to the previous one)"
-
-
-def _category_section(report: dict[str, Any]) -> list[str]:
-    """The per-category table (rows = methods, columns = categories, cells = speed-up / tau), when there is one."""
-    by_category = report.get("by_category")
-    if not by_category:
-        return []
-    names = list(by_category)
-    size = report.get("batch_sizes", [1])[0]
-    reference = report.get("exact_reference", "hf-greedy")
-    parted = " (NOT greedy)" if reference == "hf-greedy" else f" (not {reference}'s output)"
-    cells: dict[tuple[str, str], str] = {}
-    for category, rows in by_category.items():
-        for row in rows:
-            tau = row["mean_accepted_length"]
-            text = f"{row['speedup']:.2f}x" + ("" if tau is None else f" / {tau:.2f}")
-            cells[category, row["name"]] = text + ("" if row["matches_greedy"] else parted)
-    methods = list(dict.fromkeys(row["name"] for rows in by_category.values() for row in rows))
-    lines = [
-        "",
-        "## by category",
-        "",
-        "speed-up over hf-greedy on the category's prompts / tau (every turn)"
-        + ("" if size == 1 else f", batch size {size}"),
-        "",
-        "| method | " + " | ".join(names) + " |",
-        "|---|" + "---|" * len(names),
-    ]
-    for method in methods:
-        lines.append(f"| {method} | " + " | ".join(cells.get((c, method), "-") for c in names) + " |")
-    counts = report.get("categories", {})
-    lines.append("| prompts | " + " | ".join(str(counts.get(c, "-")) for c in names) + " |")
-    return lines
-
-
-def _summary_table(by_size: dict[str, list[dict[str, Any]]], sizes: Sequence[int]) -> list[str]:
-    """Rows = methods, columns = batch sizes, cells = speed-up; the last row gives hf-greedy's tokens/s."""
-    names = list(dict.fromkeys(row["name"] for size in sizes for row in by_size[str(size)]))
-    speedups = {(str(size), row["name"]): row["speedup"] for size in sizes for row in by_size[str(size)]}
-    lines = [
-        "| method | " + " | ".join(f"batch {size}" for size in sizes) + " |",
-        "|---|" + "---|" * len(sizes),
-    ]
-    for name in names:
-        cells = [f"{speedups[str(s), name]:.2f}x" if (str(s), name) in speedups else "-" for s in sizes]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    greedy = [f"{by_size[str(size)][0]['tokens_per_s']:.1f}" for size in sizes]
-    lines.append("| hf-greedy tokens/s | " + " | ".join(greedy) + " |")
-    return lines
-
-
-def _method_table(rows: list[dict[str, Any]], batched: bool) -> list[str]:
-    """The per-method table at one batch size (per group and per batched step when ``batched``)."""
-    per_call = "per-group" if batched else "per-prompt"
-    step = "batched step" if batched else "step"
-    lines = [
-        f"| method | tokens/s | speedup | {per_call} speedup median [IQR] | tau | acceptance by depth | "
-        f"draft / verify ms per {step} | matches greedy |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        tau = "-" if row["mean_accepted_length"] is None else f"{row['mean_accepted_length']:.2f}"
-        rates = row["acceptance_rate_by_position"]
-        rates_text = "-" if not rates else " ".join(f"{r:.2f}" for r in rates)
-        low, high = row["speedup_per_prompt_iqr"]
-        draft_ms, verify_ms = row.get("draft_ms_per_step"), row.get("verify_ms_per_step")
-        split = "-" if draft_ms is None else f"{draft_ms:.2f} / {verify_ms:.2f}"
-        matches = "yes" if row["matches_greedy"] else "NO"
-        if row["matches_greedy"] and row.get("matches_batched_greedy") is False:
-            matches = "yes (unbatched)"
-        lines.append(
-            f"| {row['name']} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | "
-            f"{row['speedup_per_prompt_median']:.2f} [{low:.2f}, {high:.2f}] | {tau} | {rates_text} | {split} | "
-            f"{matches} |"
-        )
-    return lines
-
-
-def plot_speedups(report: dict[str, Any], path: Path) -> None:
-    """Bars of the speed-ups at one batch size; lines of speed-up against batch size when there are several."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    several = len(report.get("batch_sizes", [])) > 1
-    figure = _plot_by_batch_size(plt, report) if several else _plot_bars(plt, report)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def _plot_bars(plt: Any, report: dict[str, Any]) -> Any:
-    rows = report["methods"]
-    names = [row["name"] for row in rows]
-    speedups = [row["speedup"] for row in rows]
-    low = [row["speedup"] - min(row["speedup_per_prompt_iqr"][0], row["speedup"]) for row in rows]
-    high = [max(row["speedup_per_prompt_iqr"][1], row["speedup"]) - row["speedup"] for row in rows]
-    transformers_color, specheads_color = "#999999", "#1f77b4"
-    colors = [transformers_color if name.startswith("hf-") else specheads_color for name in names]
-    figure, axis = plt.subplots(figsize=(max(7, 0.9 * len(rows)), 4.5))
-    bars = axis.bar(names, speedups, color=colors, yerr=[low, high], capsize=3)
-    axis.bar_label(bars, labels=[f"{value:.2f}x" for value in speedups], label_type="center", color="white", fontsize=7)
-    axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=color) for color in (transformers_color, specheads_color)]
-    axis.legend(handles, ["transformers generate (hf-*)", "specheads"], fontsize=8, loc="upper left")
-    axis.set_ylabel("speed-up over hf-greedy (tokens/s ratio)")
-    size = report.get("batch_sizes", [1])[0]
-    axis.set_title(
-        f"{report['base']['name_or_path']}: {report['max_new_tokens']} new tokens, "
-        f"{report['prompts']} prompts"
-        + (f", batch size {size}" if size > 1 else "")
-        + f" (bars: total; whiskers: per-{'group' if size > 1 else 'prompt'} IQR)",
-        fontsize=9,
-    )
-    plt.setp(axis.get_xticklabels(), rotation=35, ha="right", rotation_mode="anchor", fontsize=8)
-    axis.set_ylim(0, max(max(speedups) + max(high, default=0.0), 1.0) * 1.15)
-    return figure
-
-
-def _plot_by_batch_size(plt: Any, report: dict[str, Any]) -> Any:
-    sizes = report["batch_sizes"]
-    by_size = report["by_batch_size"]
-    names = list(dict.fromkeys(row["name"] for size in sizes for row in by_size[str(size)]))
-    figure, axis = plt.subplots(figsize=(8, 4.5))
-    axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="hf-greedy (batched generate)")
-    hf_markers = iter("s^vD")
-    for name in names[1:]:  # names[0] is hf-greedy, the dashed line
-        points = [(size, row["speedup"]) for size in sizes for row in by_size[str(size)] if row["name"] == name]
-        style = dict(color="#777777", marker=next(hf_markers, "x")) if name.startswith("hf-") else dict(marker="o")
-        axis.plot(*zip(*points, strict=True), label=name, **style)
-    axis.set_xscale("log", base=2)
-    axis.set_xticks(sizes, [str(size) for size in sizes])
-    axis.set_xlabel("batch size")
-    axis.set_ylabel("speed-up over hf-greedy at the same batch size")
-    axis.set_title(
-        f"{report['base']['name_or_path']}: {report['max_new_tokens']} new tokens, {report['prompts']} prompts",
-        fontsize=9,
-    )
-    axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return figure

@@ -13,10 +13,12 @@ Under Medusa's independence approximation a node ``(r1, ..., rd)`` is reached wi
 greedily, most probable node first (as Medusa's tree search does), and the size with the best tau / step time wins.
 
 A method that drafts level by level (EAGLE) also pays a draft forward per level (``depth_ms``, measured by the
-method's draft-cost model, its registry entry's ``draft_cost``); the chosen tree also gives the EAGLE-2 dynamic-tree
-parameters that can grow it (:func:`dynamic_parameters`). A block drafter (DFlash, DSpark) pays its draft cost once
-per step, whatever the depth (one block forward drafts every depth), and its DDTree node budgets are timed too: the
-fastest is ``tree="ddtree"``'s budget.
+method's draft-cost model, its registry entry's ``draft_cost``). A block drafter (DFlash, DSpark) pays its draft cost
+once per step, whatever the depth (one block forward drafts every depth: its tree family's ``draft_per_step``). A
+method whose drafter grows trees while decoding names their family in its registry entry
+(:class:`~specheads.inference.trees.TreeFamily`): the family's candidates (EAGLE-2 trees of the static candidates'
+shapes, DDTree node budgets) are timed with the static ones, and the family records the fastest, which its drafter
+reads back as its default.
 
 With ``prompt_lookup`` (``calibrate --prompt-lookup``) the split of the tree between the heads and a prompt lookup
 composed with them (:mod:`specheads.inference.lookup`) is calibrated too: the fastest measured tree decodes the
@@ -25,7 +27,8 @@ d-th token is counted by match length n, and ``tokens_by_match[n]`` keeps depth 
 one more verified node (:func:`lookup_threshold`, :func:`choose_lookup_tokens`). The table is the record's
 ``"lookup"``, which ``SpecDecoder.from_pretrained(..., prompt_lookup=True)`` reads; a record without one (a
 calibration without ``--prompt-lookup``, which a new calibration of the tree replaces) leaves the lookup's
-documented defaults (``lookup.DEFAULT_TOKENS_BY_MATCH``).
+documented defaults (``lookup.DEFAULT_TOKENS_BY_MATCH``). With ``lookup_corpus`` (``--lookup-corpus``) the lookup
+measured holds that corpus of earlier outputs too (``PromptLookup.corpus``; the record stores no corpus).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import torch
 from specheads.heads.calibration import calibration_key, write_calibration  # noqa: F401 - calibrate's writer
 from specheads.inference import attention, kv_cache
 from specheads.inference.lookup import DEFAULT_TOKENS_BY_MATCH, PromptLookup
-from specheads.inference.trees import grow_tree, tree_from_parents
+from specheads.inference.trees import STATIC, TreeFamily, grow_tree, tree_from_parents
 from specheads.loading import vocab_size
 
 
@@ -266,6 +269,7 @@ def calibrate_lookup(
     chosen: dict[str, float],
     step_ms: dict[int, float],
     max_new_tokens: int = 64,
+    corpus: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, Any]:
     """The record of a prompt lookup composed with ``drafter`` on ``tree`` (the calibration's fastest, whose measured
     row ``chosen`` gives its ``nodes``, ``tau`` and ``tokens_per_s``): :class:`PromptLookup`'s record with the
@@ -273,7 +277,7 @@ def calibrate_lookup(
     ``acceptance_by_match``; :meth:`PromptLookup.from_record` reads only the settings)."""
     from specheads.inference.decoder import SpecDecoder
 
-    probe = PromptLookup(tokens_by_match=(LOOKUP_PROBE_TOKENS,))
+    probe = PromptLookup(tokens_by_match=(LOOKUP_PROBE_TOKENS,), corpus=corpus)
     decoder = SpecDecoder(base, drafter, prompt_lookup=probe)
     offered: dict[int, list[int]] = {}
     taken: dict[int, list[int]] = {}
@@ -305,12 +309,14 @@ def calibrate_lookup(
 # ------------------------------------------------------------------ the whole calibration of one set of heads
 @dataclass
 class CalibrationResult:
-    """What :func:`calibrate` measured and chose; ``record`` is what ``tree.json`` holds."""
+    """What :func:`calibrate` measured and chose; ``record`` is what ``tree.json`` holds, ``family`` the tree family
+    of the heads' method (which reports what it recorded)."""
 
     record: dict
     best: CalibratedTree
     step_ms: dict[int, float]
     agreement: dict
+    family: TreeFamily = STATIC
 
     def summary(self, path: Any = "tree.json") -> str:
         """The report ``specheads calibrate`` prints (``path``: where the record was written)."""
@@ -332,14 +338,7 @@ class CalibrationResult:
             f"best static tree (tree='auto'): {len(record['choices'])} nodes, {static_rate:.0f} tokens/s measured; "
             f"written to {path}"
         )
-        if "dynamic" in record:
-            level = record["draft_ms_per_level"]
-            lines.append(f"EAGLE-2 dynamic tree for this machine: {record['dynamic']} (draft level {level:.2f} ms)")
-        if "budget" in record:
-            lines.append(
-                f"DDTree node budget for this machine (tree='ddtree'): {record['budget']} (one block forward "
-                f"{record['draft_ms_per_step']:.2f} ms a step)"
-            )
+        lines += self.family.summary(record)
         if "lookup" in record:
             lookup = record["lookup"]
             by_match = ", ".join(
@@ -368,13 +367,14 @@ def calibrate(
     new_tokens: int = 64,
     log: Callable[[str], None] = lambda line: None,
     prompt_lookup: bool = False,
+    lookup_corpus: Sequence[Sequence[int]] | None = None,
 ) -> CalibrationResult:
     """Measure heads on held-out rows and choose the trees that pay on this machine.
 
     Held-out agreement per depth and rank (the method's evaluation), the base's verify cost curve and the method's
-    draft cost per level give the cost model's tree; every candidate tree (and, for a method that grows them, the
-    EAGLE-2 dynamic trees they imply) is then timed against plain decoding on held-out prompts, and the fastest
-    measured trees are recorded (``tree="auto"`` / ``"dynamic"`` read them). With ``prompt_lookup``, the record's
+    draft cost per level give the cost model's tree; every candidate tree (and the grown trees the method's tree family
+    adds) is then timed against plain decoding on held-out prompts, and the fastest measured trees are recorded
+    (``tree="auto"`` reads the static one, the family's own kind the grown one). With ``prompt_lookup``, the record's
     ``"lookup"`` holds the tokens a prompt lookup composed with the heads proposes by match length (see the module).
 
     Args:
@@ -385,15 +385,25 @@ def calibrate(
         prompt_tokens, new_tokens: the timed prompts' length and the tokens decoded after each.
         log: receives one line per phase (the CLI prints them).
         prompt_lookup: also calibrate the lookup's share of the tree, on the fastest measured tree.
+        lookup_corpus: token lists the calibrated lookup's index also holds (implies ``prompt_lookup``).
+
+    Raises:
+        ValueError: the heads' method is not ``calibratable`` (its registry entry says so: no agreement by rank to
+            grow trees from).
     """
     from specheads.inference.decoder import SpecDecoder
     from specheads.inference.drafters import NoDrafter
     from specheads.registry import head_type_of
-    from specheads.training.trainer import collate_trimmed
+    from specheads.training.batches import collate_trimmed
 
+    method = head_type_of(heads)
+    if not method.calibratable:
+        raise ValueError(
+            f"{method.name} heads cannot be calibrated: calibrate grows trees from agreement by rank, which "
+            f"{method.name} does not measure; decode them as they are"
+        )
     dataset = dataset.with_format("torch")
     loader = torch.utils.data.DataLoader(dataset, batch_size=8, collate_fn=collate_trimmed)
-    method = head_type_of(heads)
     count = min(batches, len(loader))
     log(f"agreement with the base's greedy token on {count} held-out batches of 8 rows")
     agreement = method.evaluate_fn()(base, heads, _bar(loader, count, "agreement"), max_batches=batches)
@@ -413,7 +423,7 @@ def calibrate(
     measured = [
         {
             "tree": tree if isinstance(tree, list) else vars(tree),
-            "nodes": len(tree) if isinstance(tree, list) else tree.total_tokens,
+            "nodes": len(tree) if isinstance(tree, list) else tree.num_nodes,
             **result,
         }
         for tree, result in zip(trees, timed, strict=False)
@@ -441,13 +451,15 @@ def calibrate(
         },
         "dtype": calibration_key(base),
     }
-    if prompt_lookup:
+    if prompt_lookup or lookup_corpus is not None:
         fastest = max(range(len(trees)), key=lambda index: measured[index]["tokens_per_s"])
         chosen = measured[fastest]
         log(f"measuring prompt lookup's acceptance by match length on the fastest tree ({chosen['nodes']} nodes)")
         drafter = method.make_drafter(heads)
-        record["lookup"] = calibrate_lookup(base, drafter, prompts, trees[fastest], chosen, step_ms, new_tokens)
-    return CalibrationResult(record, best, step_ms, agreement)
+        record["lookup"] = calibrate_lookup(
+            base, drafter, prompts, trees[fastest], chosen, step_ms, new_tokens, lookup_corpus
+        )
+    return CalibrationResult(record, best, step_ms, agreement, family)
 
 
 def _bar(loader: Any, total: int, desc: str) -> Any:
@@ -486,7 +498,7 @@ def heldout_rows(
     from specheads.loading import load_tokenizer
     from specheads.training.config import DataConfig, load_config
     from specheads.training.data import build_dataset
-    from specheads.training.trainer import eval_data, expand_data_paths
+    from specheads.training.files import eval_data, expand_data_paths
 
     if config_path is not None:
         recipe = load_config(config_path, list(overrides))

@@ -15,13 +15,14 @@ from specheads import assets
 from specheads.bench import build_methods, run_bench, summarize
 from specheads.loading import load_causal_lm, load_tokenizer
 from specheads.machine import LoadMeter, busy_warning, set_torch_threads
+from specheads.methods.eagle.names import KIND as EAGLE_DYNAMIC
 from specheads.prompts import load_prompts
 
 DEMO_DRAFT_K = (
     8  # draft-adaptive: up to 8 drafts, stopping when the draft is unsure (fastest draft row in BENCHMARKS.md)
 )
 DEMO_TREE = "chain-3"  # the Medusa tree the demo decodes with
-DEMO_EAGLE_TREE = "dynamic"  # the shipped EAGLE-3 heads decode with their calibrated EAGLE-2 dynamic tree
+DEMO_EAGLE_TREE = EAGLE_DYNAMIC  # the shipped EAGLE-3 heads decode with their calibrated EAGLE-2 dynamic tree
 REPEATS = 3
 CACHE = Path(os.environ.get("SPECHEADS_CACHE", Path.home() / ".cache" / "specheads")) / "demo"
 # A short Medusa-1 run that fits the demo's budget on a 2-core CPU; the full recipe is configs/default/medusa1.yaml.

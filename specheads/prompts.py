@@ -328,6 +328,29 @@ def decode_utf8(data: bytes, where: str) -> str:
         ) from None
 
 
+def read_conversation(path: str | Path, flag: str = "--messages") -> list[dict[str, str]]:
+    """The conversation of a JSON file: a list of ``{"role", "content"}`` messages, or an object with such a
+    ``"messages"`` list (checked by :func:`check_messages`).
+
+    Raises:
+        ValueError: one line naming ``flag`` and the file: it does not exist, is not UTF-8, not JSON or not a
+            conversation.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{flag} {path} does not exist")
+    try:
+        record = json.loads(decode_utf8(path.read_bytes(), str(path)))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{flag} {path}: not valid JSON ({error.msg}, line {error.lineno})") from None
+    if isinstance(record, dict) and "messages" in record:
+        record = record["messages"]
+    try:
+        return check_messages(record)
+    except ValueError as error:
+        raise ValueError(f"{flag} {path}: {error}") from None
+
+
 def _parse_line(line: str, where: str, index: int, tokenizer: PreTrainedTokenizerBase | None) -> Prompt:
     try:
         record = json.loads(line)

@@ -2,22 +2,24 @@
 own folder (``specheads/methods/<name>/``: recipe section, heads module, drafter, training step and evaluation).
 
 The entry also states what the rest of specheads asks of a method: the export formats it writes, the engine layouts
-whose folders load as it, its draft-cost model for ``calibrate``, whether it grows dynamic trees, whether it can
-train jointly with the base. The decoder, CLI, trainer, calibration and export look a method up in its entry and read
-these fields rather than comparing its name; a new method is a folder and an entry. Two method-specific things still
-live outside the folders: the grown tree kinds (EAGLE-2's ``"dynamic"``, DDTree's ``"ddtree"``), which the engine,
-calibration and export name, and Medusa-2's joint LoRA training (``lora.*``, ``StepContext.joint``) in the trainer.
+whose folders load as it, its draft-cost model for ``calibrate``, the family of trees its drafter grows while
+decoding (their names, size keywords and calibration record, which the engine reads without naming a kind), how it
+trains jointly with the base (its joint-training hooks). The decoder, CLI, trainer, calibration and export look a
+method up in its entry and read these fields rather than comparing its name; a new method is a folder and an entry.
 
 Entries name their parts as ``"module:attribute"`` strings resolved on first use (as torchtune's ``_component_``
-configs do), so that the registry (read by ``specheads --help``) imports neither torch nor the method's code.
+configs do), so that the registry (read by ``specheads --help``) imports neither torch nor the method's code. What
+each part must be is typed below (:class:`HeadsModule`, :class:`TrainStep`, :class:`Evaluate`, ...; the
+conformance suite checks every entry against them), and whether ``calibrate`` applies is the entry's
+``calibratable``. A method defined outside specheads joins with :func:`register`.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 if TYPE_CHECKING:  # the CLI imports this registry for its --help: torch loads only when a command needs it
     import torch
@@ -25,6 +27,139 @@ if TYPE_CHECKING:  # the CLI imports this registry for its --help: torch loads o
 # What a head module's ``forward(..., readout=fn)`` calls instead of computing logits: ``fn(index, inputs, weight,
 # bias)`` with ``F.linear(inputs, weight, bias)`` the logits of head / draft step ``index``; its results are returned.
 Readout = Callable[[int, "torch.Tensor", "torch.Tensor", "torch.Tensor | None"], Any]
+
+
+# ---------------------------------------------------------------------------------- what a method provides, typed
+# Each part a registry entry names has one of these types: the conformance suite (tests/methods/test_conformance.py)
+# checks every entry's parts against them, a type checker the methods' own signatures. The engine's objects (the
+# base, a recipe section, a step context, a check report) are ``Any`` here: this module imports nothing of specheads.
+
+
+@runtime_checkable
+class HeadsModule(Protocol):
+    """What the engine uses of a method's heads (an ``nn.Module``; in specheads a subclass of
+    :class:`~specheads.heads.checkpoint.DraftHeads`): the config saved with them (a dataclass with ``head_type`` and
+    ``base_model``), the native checkpoint, and binding to the base they were made for."""
+
+    config: Any
+
+    def save_pretrained(self, directory: str) -> None: ...
+
+    def attach_base(self, base_model: Any) -> None: ...
+
+
+class BuildHeads(Protocol):
+    """``build(base, section, dataset) -> heads``: fresh heads for training (``section``: the recipe's ``heads``)."""
+
+    def __call__(self, base: Any, section: Any, dataset: Any, /) -> HeadsModule: ...
+
+
+class TrainStep(Protocol):
+    """``train_step(context, batch) -> StepResult``: the loss and metrics of one micro-batch
+    (:class:`specheads.training.step.StepContext` in, :class:`specheads.training.step.StepResult` out)."""
+
+    def __call__(self, context: Any, batch: dict[str, torch.Tensor], /) -> Any: ...
+
+
+class _EvaluationRequired(TypedDict):
+    agreement_with_base_greedy: list[float]
+
+
+class Evaluation(_EvaluationRequired, total=False):
+    """A method's held-out evaluation: agreement with the base's greedy token per depth always, the rest where the
+    method measures it.
+
+    Keys:
+        agreement_with_base_greedy: ``[D]`` how often the draft's top token at depth d is the base's greedy token.
+        top5_agreement: ``[D]`` how often the base's greedy token is among the draft's top 5.
+        accuracy_vs_data: ``[D]`` how often the draft's top token is the data's.
+        agreement_by_rank: ``[D][R]`` how often the base's greedy token is the draft's rank-r candidate: what
+            ``calibrate`` grows trees from and the trainer's simulated tau reads.
+        positions: ``[D]`` the target positions counted per depth.
+        chain_tau, tree_tau: tokens per step the method's own drafting accepts along the data (a chain; trees by
+            node budget).
+    """
+
+    top5_agreement: list[float]
+    accuracy_vs_data: list[float]
+    agreement_by_rank: list[list[float]]
+    positions: list[int]
+    chain_tau: float
+    tree_tau: dict[int, float]
+
+
+class Evaluate(Protocol):
+    """``evaluate(base, heads, batches, max_batches=None) -> Evaluation`` over held-out batches (``input_ids``,
+    ``attention_mask``, ``loss_mask``), at most ``max_batches`` of them."""
+
+    def __call__(
+        self, base: Any, heads: Any, batches: Iterable[dict[str, torch.Tensor]], /, max_batches: int | None = None
+    ) -> Evaluation: ...
+
+
+class MakeDrafter(Protocol):
+    """``drafter(heads, **options) -> Drafter`` (:class:`specheads.inference.drafters.Drafter`; options such as
+    ``tree``)."""
+
+    def __call__(self, heads: Any, /, **options: Any) -> Any: ...
+
+
+class DraftCost(Protocol):
+    """``draft_cost(heads) -> ms``: what one more draft level (or one block) costs on this machine."""
+
+    def __call__(self, heads: Any, /) -> float: ...
+
+
+# What a folder layout's writer returns: its config.json, its tensors by name, serve commands by engine, notes.
+FolderContents = tuple[dict[str, Any], dict[str, "torch.Tensor"], dict[str, str], list[str]]
+
+
+class FolderWriter(Protocol):
+    """``write(heads, base, base_name, engines, steps) -> (config, tensors, serve commands, notes)`` of a folder
+    layout (``steps``: the speculative tokens to configure, None: the method's default)."""
+
+    def __call__(
+        self, heads: Any, base: Any, base_name: str, engines: list[str] | None, steps: int | None, /
+    ) -> FolderContents: ...
+
+
+class FileExporter(Protocol):
+    """``export(heads, out, base, base_name, steps, dtype, target) -> ExportResult`` of a one-file format
+    (:class:`specheads.export.formats.ExportResult`; ``target``: the model file it serves the draft with, or None)."""
+
+    def __call__(
+        self, heads: Any, out: Any, base: Any, base_name: str | None, steps: int | None, dtype: Any, target: Any, /
+    ) -> Any: ...
+
+
+class FolderReader(Protocol):
+    """``read(config, tensors, base, where) -> heads``: native heads from a folder of a layout (``where`` names
+    it in errors)."""
+
+    def __call__(
+        self, config: dict[str, Any], tensors: dict[str, torch.Tensor], base: Any, where: str, /
+    ) -> HeadsModule: ...
+
+
+class FolderChecker(Protocol):
+    """``check(config, tensors, report)``: a layout's loading rules, replayed into ``report``
+    (:class:`specheads.export.check.CheckReport`: ``problems``, ``verdicts``)."""
+
+    def __call__(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], report: Any, /) -> None: ...
+
+
+class LayoutDetector(Protocol):
+    """``detect(config, tensor_names) -> bool``: a folder's config (and its tensor names when the config is silent,
+    None before they are read) is this layout."""
+
+    def __call__(self, config: dict[str, Any], tensor_names: set[str] | None, /) -> bool: ...
+
+
+class FileChecker(Protocol):
+    """``check_file(path, target) -> CheckReport`` of a one-file format, against the model file ``target`` (may be
+    None)."""
+
+    def __call__(self, path: Any, target: Any, /) -> Any: ...
 
 
 def _resolve(path: str) -> Any:
@@ -57,14 +192,14 @@ class ExportFormat:
 
     name: str
     weights: str
-    write: Callable[..., tuple[dict[str, Any], dict[str, Any], dict[str, str], list[str]]] | None = None
-    export: Callable[..., Any] | None = None
-    read: Callable[..., Any] | None = None
-    check: Callable[[dict[str, Any], dict[str, Any], Any], None] | None = None
-    detect: Callable[[dict[str, Any], set[str] | None], bool] | None = None
+    write: FolderWriter | None = None
+    export: FileExporter | None = None
+    read: FolderReader | None = None
+    check: FolderChecker | None = None
+    detect: LayoutDetector | None = None
     fallback: bool = False
     suffix: str = ""
-    check_file: Callable[[Any, Any], Any] | None = None
+    check_file: FileChecker | None = None
 
 
 @dataclass(frozen=True)
@@ -73,31 +208,38 @@ class HeadType:
 
     Attributes:
         name: ``head_type`` in checkpoints, ``heads.type`` in recipes and the decoding ``method``.
-        module: the ``nn.Module`` class (``from_base``, ``from_checkpoint``, ``save_pretrained``, ``attach_base``).
+        module: the ``nn.Module`` class (``from_base``, ``from_checkpoint``, ``save_pretrained``, ``attach_base``;
+            its instances are :class:`HeadsModule`).
         recipe: the dataclass of the recipe's ``heads`` section.
-        build: ``build(base, section, dataset) -> heads``: fresh heads for training.
-        train_step: ``train_step(context, batch) -> StepResult``: the loss and metrics of one micro-batch, base in
-            the loop (:class:`specheads.training.step.StepContext`: step, epoch, recipe section, the base, the
-            heads); the trainer resolves it once per run.
-        evaluate: ``evaluate(base, heads, batches, max_batches) -> dict``: held-out agreement with the base's
-            greedy token per depth (``agreement_with_base_greedy``, ``agreement_by_rank``, ...).
-        drafter: ``drafter(heads) -> Drafter``.
-        bench_trees: the trees ``specheads bench`` decodes these heads with by default (rows ``<type>-<tree>``).
+        build: a :class:`BuildHeads`, ``build(base, section, dataset) -> heads``: fresh heads for training.
+        train_step: a :class:`TrainStep`, ``train_step(context, batch) -> StepResult``: the loss and metrics of one
+            micro-batch, base in the loop (:class:`specheads.training.step.StepContext`: step, epoch, recipe
+            section, the base, the heads); the trainer resolves it once per run.
+        evaluate: an :class:`Evaluate`, ``evaluate(base, heads, batches, max_batches) -> Evaluation``: held-out
+            agreement with the base's greedy token per depth (``agreement_with_base_greedy``,
+            ``agreement_by_rank``, ...).
+        drafter: a :class:`MakeDrafter`, ``drafter(heads, **options) -> Drafter``.
+        bench_trees: the trees ``specheads bench`` decodes these heads with by default (rows ``<type>-<tree>``),
+            or ``"module:attribute"`` naming them where the method keeps its tree names (read by
+            :meth:`default_bench_trees`).
         formats: the export formats (``specheads export --format``) these heads are written in.
         layouts: the engine layouts (as :func:`specheads.heads.foreign.foreign_format` names them) whose folders
             load as these heads.
-        draft_cost: ``"module:function"``, ``function(heads) -> ms``: the cost of one draft level, which calibration
+        draft_cost: ``"module:function"``, a :class:`DraftCost`: the cost of one draft level, which calibration
             adds per tree depth (None: drafting costs the same at any depth, e.g. one forward of all heads).
         trees: ``"module:attribute"``, the method's tree family (:class:`specheads.inference.trees.TreeFamily`):
-            the trees its drafter grows beyond static ones, which calibration times and records (default: static
-            trees only).
-        grows: the ``tree=`` names the drafter grows (``"dynamic"``, ``"ddtree"``), the family's ``kinds`` kept
-            here so that refusals can name the methods without importing them.
-        joint_training: the recipe may train the base with the heads (``lora.enabled``, Medusa-2).
-        public: ``"module:Name"`` of the method's public classes (heads, their config, drafter), which ``specheads``
-            and ``specheads.heads`` export under ``Name``.
+            the trees its drafter grows beyond static ones, owned by the method: their names, the size keywords
+            they take, what calibration times, records and reads back (default: static trees only).
+        joint_training: ``"module:Class"``, the method's hooks for training the base jointly with the heads
+            (:class:`specheads.training.step.JointTraining`; Medusa-2's LoRA adapters, ``lora.enabled``), which
+            the trainer calls and loading binds; None: the heads train on a frozen base only.
+        public: ``"module:Name"`` of the method's public classes (heads, their config, drafter, the trees it grows),
+            which ``specheads`` and ``specheads.heads`` export under ``Name``.
         exports: ``"module:attribute"``, a ``{format: ExportFormat}`` mapping (:class:`ExportFormat`): how each of
             ``formats`` is written, read, checked and recognised.
+        calibratable: ``specheads calibrate`` can choose trees for these heads: their evaluation gives
+            ``agreement_by_rank`` and their drafter takes the static trees calibration grows. False: calibrate
+            refuses them (:func:`specheads.calibrate.calibrate` raises ValueError; the CLI says so in one line).
     """
 
     name: str
@@ -107,42 +249,62 @@ class HeadType:
     train_step: str
     evaluate: str
     drafter: str
-    bench_trees: tuple[str, ...] = ()
+    bench_trees: tuple[str, ...] | str = ()
     formats: tuple[str, ...] = ()
     layouts: tuple[str, ...] = ()
     draft_cost: str | None = None
     trees: str = "specheads.inference.trees:STATIC"
-    grows: tuple[str, ...] = ()
-    joint_training: bool = False
+    joint_training: str | None = None
     exports: str | None = None
     public: tuple[str, ...] = ()
+    calibratable: bool = True
 
-    def module_class(self) -> type:
+    def module_class(self) -> type[HeadsModule]:
         return _resolve(self.module)
 
     def recipe_section(self) -> type:
         return _resolve(self.recipe)
 
-    def build_heads(self, base: Any, section: Any, dataset: Any) -> Any:
-        return _resolve(self.build)(base, section, dataset)
+    def build_heads(self, base: Any, section: Any, dataset: Any) -> HeadsModule:
+        build: BuildHeads = _resolve(self.build)
+        return build(base, section, dataset)
 
-    def train_step_fn(self) -> Callable[..., Any]:
+    def train_step_fn(self) -> TrainStep:
         """The method's ``train_step(context, batch) -> StepResult`` (imported on first use)."""
         return _resolve(self.train_step)
 
-    def evaluate_fn(self) -> Any:
+    def evaluate_fn(self) -> Evaluate:
         return _resolve(self.evaluate)
 
     def make_drafter(self, heads: Any, **kwargs: Any) -> Any:
-        return _resolve(self.drafter)(heads, **kwargs)
+        drafter: MakeDrafter = _resolve(self.drafter)
+        return drafter(heads, **kwargs)
 
-    def export_formats(self) -> dict[str, Any]:
+    def export_formats(self) -> dict[str, ExportFormat]:
         """``{format: ExportFormat}`` of this method (empty when it exports nothing)."""
         return {} if self.exports is None else dict(_resolve(self.exports))
+
+    def default_bench_trees(self) -> tuple[str, ...]:
+        """The trees ``specheads bench`` decodes these heads with by default (``bench_trees``, resolved)."""
+        return tuple(_resolve(self.bench_trees)) if isinstance(self.bench_trees, str) else self.bench_trees
 
     def tree_family(self) -> Any:
         """The method's :class:`~specheads.inference.trees.TreeFamily`."""
         return _resolve(self.trees)
+
+    def joint_training_for(self, recipe: Any) -> Any:
+        """The method's joint-training hooks for ``recipe`` (a ``RecipeConfig``), or None: the base stays frozen."""
+        return None if self.joint_training is None else _resolve(self.joint_training).from_recipe(recipe)
+
+    def bind_joint(self, directory: Any, base: Any) -> Any:
+        """``base`` with what joint training saved into ``directory`` applied (the base the heads decode with).
+
+        Raises:
+            ValueError: the method trains no base jointly with its heads.
+        """
+        if self.joint_training is None:
+            raise ValueError(f"{directory}: {self.name} heads train on a frozen base; nothing of a base to bind")
+        return _resolve(self.joint_training).bind(directory, base)
 
     def draft_cost_ms(self, heads: Any) -> float:
         """Milliseconds one more draft level costs (0.0 when depth costs nothing extra)."""
@@ -162,7 +324,7 @@ HEAD_TYPES: dict[str, HeadType] = {
         formats=("medusa",),
         layouts=("medusa",),
         exports="specheads.methods.medusa.export:FORMATS",
-        joint_training=True,
+        joint_training="specheads.methods.medusa.joint:LoraJointTraining",
         public=(
             "specheads.methods.medusa.heads:MedusaHeads",
             "specheads.methods.medusa.heads:MedusaConfig",
@@ -177,17 +339,17 @@ HEAD_TYPES: dict[str, HeadType] = {
         train_step="specheads.methods.eagle.train:train_step",
         evaluate="specheads.methods.eagle.train:eagle_agreement",
         drafter="specheads.methods.eagle.drafter:EagleDrafter",
-        bench_trees=("chain-3", "chain-5", "binary-7", "dynamic", "dynamic-4-5-16", "auto"),
+        bench_trees="specheads.methods.eagle.names:BENCH_TREES",
         formats=("eagle3", "speculators", "eagle", "gguf"),
         layouts=("eagle3", "speculators", "eagle"),
         exports="specheads.methods.eagle.export:FORMATS",
         draft_cost="specheads.methods.eagle.drafter:measure_draft_cost",
-        trees="specheads.methods.eagle.drafter:TREES",
-        grows=("dynamic",),
+        trees="specheads.methods.eagle.trees:TREES",
         public=(
             "specheads.methods.eagle.heads:EagleHead",
             "specheads.methods.eagle.heads:EagleConfig",
             "specheads.methods.eagle.drafter:EagleDrafter",
+            "specheads.methods.eagle.trees:DynamicTree",
         ),
     ),
     "draft-lm": HeadType(
@@ -199,6 +361,7 @@ HEAD_TYPES: dict[str, HeadType] = {
         evaluate="specheads.methods.draft_lm.train:draft_agreement",
         drafter="specheads.methods.draft_lm.heads:draft_drafter",
         public=("specheads.methods.draft_lm.heads:DraftLM", "specheads.methods.draft_lm.heads:DraftConfig"),
+        calibratable=False,  # one chain of its own greedy tokens: no agreement by rank, no tree to choose
     ),
     "dflash": HeadType(
         name="dflash",
@@ -213,15 +376,38 @@ HEAD_TYPES: dict[str, HeadType] = {
         layouts=("dflash", "dspark", "speculators"),
         exports="specheads.methods.dflash.export:FORMATS",
         draft_cost="specheads.methods.dflash.drafter:measure_draft_cost",
-        trees="specheads.methods.dflash.drafter:TREES",
-        grows=("ddtree",),
+        trees="specheads.methods.dflash.trees:TREES",
         public=(
             "specheads.methods.dflash.heads:DFlashHead",
             "specheads.methods.dflash.heads:DFlashConfig",
             "specheads.methods.dflash.drafter:DFlashDrafter",
+            "specheads.methods.dflash.trees:BlockTree",
         ),
     ),
 }
+
+
+def register(entry: HeadType) -> HeadType:
+    """Add a method defined outside specheads: from then on recipes (``heads.type``), decoding (``method``),
+    loading, calibration and export (``--format``) take it as they take the built-in methods.
+
+    Registering resolves none of the entry's parts (they load on first use). The CLI's method and format choices
+    list the method in every parser built after it is registered (``specheads.cli.build_parser``, which ``main``
+    calls); ``specheads.<Name>`` lists only the built-in methods' public names.
+
+    Returns:
+        ``entry``, so that a method's module can write ``ENTRY = register(HeadType(...))``.
+
+    Raises:
+        ValueError: a method of that name is registered, or the entry lists a layout it does not write.
+    """
+    if entry.name in HEAD_TYPES:
+        raise ValueError(f"a method named {entry.name!r} is registered already: {HEAD_TYPES[entry.name]}")
+    unwritten = sorted(set(entry.layouts) - set(entry.formats))
+    if unwritten:
+        raise ValueError(f"{entry.name}: layouts {unwritten} are not among its formats {list(entry.formats)}")
+    HEAD_TYPES[entry.name] = entry
+    return entry
 
 
 def export_formats() -> tuple[str, ...]:
@@ -301,11 +487,6 @@ def detect_layout(config: dict[str, Any], tensor_names: set[str] | None = None) 
         if matches:
             return min(matches, key=lambda match: match[0])[1]
     return None
-
-
-def methods_growing(kind: str) -> list[str]:
-    """The methods whose drafters grow ``tree=kind`` trees (their entries' ``grows``)."""
-    return [name for name, method in HEAD_TYPES.items() if kind in method.grows]
 
 
 def public_names() -> dict[str, str]:

@@ -12,22 +12,10 @@ from collections.abc import Sequence
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from specheads.arguments import DTYPE_CHOICES, positive_int
+    """The arguments of :class:`specheads.options.TrainOptions`: --config, --threads, --dtype and the overrides."""
+    from specheads.options import TrainOptions, add_options
 
-    parser.add_argument("--config", help="recipe YAML (see configs/)")
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        help="torch CPU threads per process (default: the cores other processes leave idle, shared among this "
-        "launch's processes)",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=DTYPE_CHOICES,
-        help="the base's dtype (overrides the recipe's model.dtype; auto: bf16 on a CPU with native bf16 for a bf16 "
-        "or GGUF checkpoint, else the checkpoint's dtype)",
-    )
-    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.lr=3e-4 output.dir=runs/x")
+    add_options(parser, TrainOptions)
 
 
 def run(config_path: str | None, overrides: Sequence[str], threads: int | None = None, dtype: str | None = None) -> int:
@@ -40,8 +28,9 @@ def run(config_path: str | None, overrides: Sequence[str], threads: int | None =
     processes (``LOCAL_WORLD_SIZE``), as every specheads command does (spinning OpenMP threads on busy cores run
     several times slower).
     """
+    from specheads.training.checkpoints import finished_run
     from specheads.training.config import load_config
-    from specheads.training.trainer import TrainingInterrupted, finished_run, train
+    from specheads.training.trainer import TrainingInterrupted, train
 
     overrides = [*overrides, f"model.dtype={dtype}"] if dtype is not None else list(overrides)
     config = load_config(config_path, overrides)

@@ -196,3 +196,17 @@ def test_bench_notes_a_busy_machine_and_only_then(models, tmp_path, monkeypatch,
     note = "note: the machine is busy while the benchmark ran (other processes are using 1.5 of 2 cores)"
     assert (note in err) is busy
     assert report["methods"]
+
+
+def test_the_default_eagle_rows_are_the_ones_the_readme_names() -> None:
+    """EAGLE's default trees come from its method folder (the registry names them): the rows `--heads` adds by
+    default are still the ones README documents, the grown dynamic trees included."""
+    import re
+    from pathlib import Path
+
+    from specheads.registry import HEAD_TYPES
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    sentence = re.search(r"it adds rows\s+`<type>-<tree>`:(.*?)for EAGLE heads", readme, re.S).group(1)
+    documented = tuple(re.findall(r"`eagle-([^`]+)`", sentence))
+    assert "dynamic" in documented and documented == HEAD_TYPES["eagle"].default_bench_trees()

@@ -7,7 +7,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from specheads.bench import _plot_bars  # noqa: E402
+from specheads.bench_report import _plot_bars  # noqa: E402
 
 
 def test_bars_have_a_legend_for_both_colours_and_value_labels() -> None:

@@ -93,7 +93,7 @@ def test_auto_tree_without_calibration_is_a_clear_error(tmp_path) -> None:
         SpecDecoder(base).generate(torch.tensor([[3, 4]]), max_new_tokens=3, tree="auto")
 
 
-def test_calibrate_eagle_heads_writes_a_static_tree_and_dynamic_parameters(tmp_path) -> None:
+def test_calibrate_eagle_heads_writes_a_static_tree_and_dynamic_parameters(tmp_path, capsys) -> None:
     from specheads.cli import main
     from specheads.heads import EagleHead
 
@@ -107,6 +107,7 @@ def test_calibrate_eagle_heads_writes_a_static_tree_and_dynamic_parameters(tmp_p
     assert main([*args, "--max-nodes", "8"]) == 0
     record = json.loads((tmp_path / "heads" / "tree.json").read_text())
     assert set(record["dynamic"]) == {"top_k", "depth", "total_tokens"} and record["draft_ms_per_level"] > 0
+    assert f"EAGLE-2 dynamic tree for this machine: {record['dynamic']}" in capsys.readouterr().out
     timed = [row["tree"] for row in record["measured"]]
     assert record["choices"] in timed and record["dynamic"] in timed  # the fastest measured, not only modelled
     decoder = SpecDecoder.from_pretrained(base, heads=str(tmp_path / "heads"))
@@ -117,8 +118,27 @@ def test_calibrate_eagle_heads_writes_a_static_tree_and_dynamic_parameters(tmp_p
         assert torch.equal(out.sequences, greedy_reference(base, prompt, 12))
 
 
+def test_calibrate_refuses_in_one_line_heads_whose_entry_says_they_cannot_be_calibrated(tmp_path, capsys) -> None:
+    from specheads.cli import main
+    from specheads.heads import DraftLM
+    from specheads.registry import HEAD_TYPES
+
+    assert not HEAD_TYPES["draft-lm"].calibratable  # its evaluation has no agreement by rank to grow trees from
+    base = tiny_model("llama", seed=1, layers=4)
+    base.save_pretrained(tmp_path / "base")
+    tiny_tokenizer().save_pretrained(tmp_path / "base")
+    DraftLM.from_base(base, num_layers=2).save_pretrained(tmp_path / "heads")
+    (tmp_path / "data.txt").write_text("def f(x):\n    return x * 2\n" * 40)
+    args = ["calibrate", "--base", str(tmp_path / "base"), "--heads", str(tmp_path / "heads")]
+    args += ["--data", str(tmp_path / "data.txt"), "--max-length", "64", "--batches", "2"]
+    assert main(args) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "calibrate" in line or "Error" in line]
+    assert len(errors) == 1 and errors[0].startswith("specheads calibrate: error: draft-lm heads cannot be"), errors
+    assert not (tmp_path / "heads" / "tree.json").exists()
+
+
 def test_dynamic_parameters_cover_the_tree_shape() -> None:
-    from specheads.inference.trees import dynamic_parameters
+    from specheads.methods.eagle.trees import dynamic_parameters
 
     assert dynamic_parameters([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]) == {
         "top_k": 2,  # ranks 0-1; two nodes expanded at depth 1
@@ -176,10 +196,10 @@ def test_calibrate_reads_the_recipe_held_out_split_and_times_plain_decoding(tmp_
     assert ("no tree beats plain decoding" in printed) == (record["best_speedup_over_plain"] < 1.0)
 
 
-def test_calibrate_a_block_drafter_times_ddtree_budgets_and_pays_its_draft_once_per_step(tmp_path) -> None:
+def test_calibrate_a_block_drafter_times_ddtree_budgets_and_pays_its_draft_once_per_step(tmp_path, capsys) -> None:
     from specheads.cli import main
-    from specheads.inference.trees import BlockTree
     from specheads.methods.dflash.heads import DFlashHead
+    from specheads.methods.dflash.trees import BlockTree
 
     base = tiny_model("llama", seed=1, layers=4)
     base.save_pretrained(tmp_path / "base")
@@ -191,6 +211,7 @@ def test_calibrate_a_block_drafter_times_ddtree_budgets_and_pays_its_draft_once_
     assert main([*args, "--max-nodes", "8"]) == 0
     record = json.loads((tmp_path / "heads" / "tree.json").read_text())
     assert record["draft_ms_per_step"] > 0 and "draft_ms_per_level" not in record
+    assert f"DDTree node budget for this machine (tree='ddtree'): {record['budget']}" in capsys.readouterr().out
     budgets = [row["nodes"] for row in record["measured"] if row["tree"] == {"total_tokens": row["nodes"]}]
     assert budgets == [2, 4, 8] and record["budget"] in budgets  # the fastest measured budget
     # the cost model charges the block once: a deeper tree of the same size costs the same

@@ -13,6 +13,7 @@ from helpers import tiny_model
 from specheads.calibrate import calibrate, choose_tree
 from specheads.heads import EagleHead
 from specheads.heads.calibration import Calibration
+from specheads.methods.eagle.trees import TREES, DynamicTree
 
 # Rank-r agreement at depths 1 and 2. Growth order (path: probability): (0,) .5, (1,) .3, (0, 0) .2, (1, 0) .12,
 # (0, 1) .1, (1, 1) .06, so trees of 0-6 nodes expect tau 1, 1.5, 1.8, 2.0, 2.12, 2.22, 2.28.
@@ -88,4 +89,4 @@ def test_the_record_keeps_the_fastest_measured_trees_not_the_modelled_or_the_lar
     assert record["best_speedup_over_plain"] == pytest.approx(95 / 60)
     calibration = Calibration.from_record(record)  # what tree="auto" / "dynamic" decode with
     assert calibration.tree == [[0], [1], [0, 0], [1, 0]]
-    assert calibration.dynamic == {"top_k": 2, "depth": 2, "total_tokens": 3}
+    assert TREES.calibrated(calibration) == DynamicTree(top_k=2, depth=2, total_tokens=3)

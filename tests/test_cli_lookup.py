@@ -87,3 +87,34 @@ def test_bench_lookup_rows_are_exact_and_report_their_spread_as_none_does(models
         assert low <= rows[name]["speedup_per_prompt_median"] <= high
     assert rows["none+lookup"]["mean_accepted_length"] > 1.0  # the repeated lines were copied
     assert "| none+lookup |" in (out / "report.md").read_text()
+
+
+def test_generate_and_bench_rows_read_a_lookup_corpus(models, tmp_path, capsys) -> None:
+    """``--lookup-corpus`` (implying ``--prompt-lookup``) puts the corpus in the lookup's index: a corpus holding the
+    answer carries more tokens a step, and the text stays the same."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    generate = ["generate", "--base", str(models / "base"), "--max-new-tokens", "24", "--method", "none", "--json"]
+    prompt = "q = 7; r"
+    assert main([*generate, "--prompt-lookup", prompt]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    corpus = tmp_path / "answers.jsonl"
+    corpus.write_text(json.dumps({"token_ids": alone["new_tokens"]}) + "\n")
+    assert main([*generate, "--lookup-corpus", str(corpus), prompt]) == 0
+    with_corpus = json.loads(capsys.readouterr().out)
+    assert with_corpus["new_tokens"] == alone["new_tokens"]
+    assert with_corpus["stats"]["mean_accepted_length"] > alone["stats"]["mean_accepted_length"]
+
+    base = AutoModelForCausalLM.from_pretrained(models / "base").eval()
+    ids = torch.tensor([[9, 14, 3, 27, 40, 11]])
+
+    def run_row(**options):  # noqa: ANN202
+        methods = build_methods(base, None, prompt_lookup=True, only=["none+lookup"], **options)
+        return next(m for m in methods if m.name == "none+lookup").run([ids], 24)
+
+    plain = run_row()
+    answer = [ids[0].tolist() + plain.tokens[0]]
+    held = run_row(lookup_corpus=answer)
+    assert held.tokens == plain.tokens
+    assert held.stats.mean_accepted_length > plain.stats.mean_accepted_length

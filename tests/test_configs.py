@@ -60,7 +60,7 @@ def test_every_accelerate_config_loads_with_accelerate(path: Path) -> None:
     assert not config.use_cpu
     if config.distributed_type == DistributedType.FSDP:
         fsdp = config.fsdp_config
-        assert fsdp["fsdp_version"] == 1  # the trainer adjusts FSDP1's plugin per model (see trainer._prepare_fsdp)
+        assert fsdp["fsdp_version"] == 1  # the trainer adjusts FSDP1's plugin per model (see processes.prepare_fsdp)
         assert fsdp["fsdp_use_orig_params"] is True
         assert fsdp["fsdp_cpu_ram_efficient_loading"] is False
         assert fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT"

@@ -78,7 +78,7 @@ MUTATIONS = (
     Mutation(
         "checkpoint-names-unpadded",
         "checkpoint folders named step-N without zero padding: step-10 sorts before step-9 (resume, keep_last)",
-        "specheads/training/trainer.py",
+        "specheads/training/checkpoints.py",
         '    final, temporary = root / f"step-{run.step:08d}"',
         '    final, temporary = root / f"step-{run.step}"',
         ("tests/training/test_trainer.py",),
@@ -86,7 +86,7 @@ MUTATIONS = (
     Mutation(
         "select-best-keeps-lowest",
         "output.select=best keeps the heads with the lowest simulated tau (compared as a loss)",
-        "specheads/training/trainer.py",
+        "specheads/training/heldout.py",
         "    return not best.is_file() or _score(run, record) > _score(run, json.loads(best.read_text()))",
         "    return not best.is_file() or _score(run, record) < _score(run, json.loads(best.read_text()))",
         ("tests/training/test_trainer.py",),

@@ -51,7 +51,7 @@ MUTATIONS = (
     Mutation(
         "code-eval-files-read-with-the-training-manifest",
         "data.eval_paths of a code recipe are checked against the training corpus's manifest (and refused)",
-        "specheads/training/trainer.py",
+        "specheads/training/files.py",
         "        exclude_prompts=[],\n        manifest=None,\n",
         "        exclude_prompts=[],\n",
         (EVAL_FILES,),

@@ -24,7 +24,7 @@ MUTATIONS = (
     Mutation(
         "resume-drops-optimizer-state",
         "resume: one parameter's AdamW state is dropped after loading the checkpoint",
-        "specheads/training/trainer.py",
+        "specheads/training/checkpoints.py",
         "    run.accelerator.load_state(str(checkpoint))\n",
         "    run.accelerator.load_state(str(checkpoint))\n"
         "    run.optimizer.optimizer.state.pop(next(iter(run.optimizer.optimizer.state)), None)\n",
@@ -107,7 +107,7 @@ MUTATIONS += (
     Mutation(
         "length-groups-unshuffled",
         "length-grouped batches are served longest first every epoch instead of shuffled",
-        "specheads/training/trainer.py",
+        "specheads/training/batches.py",
         "        shuffled = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()] + tail",
         "        shuffled = sorted(batches, key=lambda batch: -self.lengths[batch[0]]) + tail",
         (

@@ -41,7 +41,7 @@ MUTATIONS = (
     Mutation(
         "distill-screen-ignores-followups",
         "distill's leak check reads a 'turns' prompt's first turn, not the follow-ups --all-turns asks",
-        "specheads/cli.py",
+        "specheads/training/distill.py",
         'if role == "user"] + list(prompt.followups)',
         'if role == "user"]',
         (
@@ -62,7 +62,7 @@ MUTATIONS = (
     Mutation(
         "loss-mask-last-assistant-turn-only",
         "a conversation's targets are its last assistant turn only",
-        "specheads/training/data.py",
+        "specheads/training/chat.py",
         "            spans.append((start, end))",
         "            spans = [(start, end)]",
         (

@@ -44,8 +44,8 @@ MUTATIONS = (
         "lookup-cache-reserves-no-extra-nodes",
         "the engine reserves cache slots for the requested tree only, not the lookup's extra branches",
         "specheads/inference/decoder.py",
-        "        return size + self.drafter.extra_nodes(settings.request)",
-        "        return size",
+        "        return tree.num_nodes + self.drafter.extra_nodes(settings.request)",
+        "        return tree.num_nodes",
         (f"{LOOKUP_TESTS}::test_the_cache_reserves_the_lookups_branches_beyond_a_requested_tree",),
     ),
 )

@@ -18,17 +18,17 @@ MUTATIONS = (
     Mutation(
         "bench-lookup-names-not-implied",
         "bench --methods naming a +lookup row without --prompt-lookup builds no lookup rows (an unknown method)",
-        "specheads/cli.py",
-        '    with_lookup = args.prompt_lookup or any(name.endswith("+lookup") for name in only or ())',
-        "    with_lookup = args.prompt_lookup",
+        "specheads/bench.py",
+        '    with_lookup = options.lookup.prompt_lookup or any(name.endswith("+lookup") for name in only or ())',
+        "    with_lookup = options.lookup.prompt_lookup",
         (f"{CLI_TESTS}::test_bench_lookup_rows_are_exact_and_report_their_spread_as_none_does",),
     ),
     Mutation(
         "generate-drops-prompt-lookup",
         "generate --prompt-lookup is parsed but not handed to the decoder",
-        "specheads/cli.py",
-        "        prompt_lookup=args.prompt_lookup,\n    )\n    _note_cut(",
-        "    )\n    _note_cut(",
+        "specheads/options.py",
+        '            "prompt_lookup": self.lookup.prompt_lookup,\n',
+        "",
         (CLI_TESTS,),
     ),
     Mutation(

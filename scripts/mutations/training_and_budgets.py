@@ -21,7 +21,7 @@ MUTATIONS = (
         "specheads/training/trainer.py",
         "    run.accelerator.backward(loss)\n",
         "    run.accelerator.backward(loss / run.config.train.grad_accumulation)\n",
-        (f"{ACCUMULATION}::test_a_step_follows_the_gradient_of_the_mean_of_its_micro_batch_losses",),
+        (f"{ACCUMULATION}::test_a_step_follows_the_gradient_of_the_mean_over_its_micro_batches_targets",),
     ),
     Mutation(
         "accumulation-epoch-leftover-uncounted",
@@ -34,7 +34,7 @@ MUTATIONS = (
     Mutation(
         "resume-position-in-steps",
         "resume places the data loader at steps x grad_accumulation micro-batches, not at the micro-batches seen",
-        "specheads/training/trainer.py",
+        "specheads/training/checkpoints.py",
         '    run.step, run.batches_seen = state["step"], state["batches_seen"]',
         '    run.step, run.batches_seen = state["step"], state["step"] * run.config.train.grad_accumulation',
         (f"{ACCUMULATION}::test_a_run_stopped_mid_epoch_resumes_to_the_same_micro_batches_and_weights",),
@@ -42,7 +42,7 @@ MUTATIONS = (
     Mutation(
         "budget-cut-one-level-deep",
         "a row's tree is cut one level below its depth limit: it verifies nodes its budget cannot take",
-        "specheads/inference/decoder.py",
+        "specheads/inference/packing.py",
         "    tree = proposal.tree.truncated(max_depth)",
         "    tree = proposal.tree.truncated(max_depth + 1)",
         (BUDGETS,),
@@ -50,9 +50,9 @@ MUTATIONS = (
     Mutation(
         "budget-tightest-row-for-all",
         "every row's tree is cut to the tightest row's depth limit, not to its own",
-        "specheads/inference/decoder.py",
-        "    return [_truncated(p, limit) for p, limit in zip(_per_row(proposal, batch), limits, strict=True)]",
-        "    return [_truncated(p, min(limits)) for p in _per_row(proposal, batch)]",
+        "specheads/inference/packing.py",
+        "    return [truncated(p, limit) for p, limit in zip(rows_of(proposal, batch), limits, strict=True)]",
+        "    return [truncated(p, min(limits)) for p in rows_of(proposal, batch)]",
         (BUDGETS,),
     ),
     Mutation(

@@ -213,14 +213,18 @@ def serving_engines(wanted: list[str] | None, possible: dict[str, str], format: 
     return list(wanted)
 
 
-def speculative_tokens(heads: torch.nn.Module, requested: int | None) -> int:
+def speculative_tokens(requested: int | None, default: int = 3) -> int:
+    """The draft length an export writes: ``requested`` (checked), else the method's ``default`` (EAGLE's: the depth
+    of the tree calibrated for the heads).
+
+    Raises:
+        ValueError: ``requested`` is not an integer >= 1.
+    """
     if requested is not None:
         if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
             raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {requested!r}")
         return requested
-    calibration = getattr(heads, "calibration", None)
-    dynamic = (calibration.dynamic if calibration is not None else None) or {}
-    return int(dynamic.get("depth", 3))
+    return default
 
 
 def vllm_command(base: str, method: str, steps: int) -> str:

@@ -3,14 +3,14 @@
 One file keeps one calibration per dtype and device (``"by_dtype"``, keyed by :func:`calibration_key`): the verify
 cost curve, and so the best tree, differ by dtype. Loading reads the record of the base's dtype and device, else the
 latest, into a typed :class:`Calibration` that the heads carry (``heads.calibration``) and that each method's
-drafter and exporter read: the static tree it found best, the dynamic-tree parameters that grow it (methods that
-grow trees), the node budget (block drafters).
+drafter and exporter read: the static tree it found best, and the fields the method's tree family recorded about the
+trees its drafter grows (read back by the family: :meth:`specheads.inference.trees.TreeFamily.calibrated`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,31 +27,28 @@ class Calibration:
 
     Attributes:
         tree: the best static tree, as paths of candidate ranks (``[[0], [1], [0, 0]]``).
-        dynamic: the dynamic-tree parameters (``top_k``, ``depth``, ``total_tokens``) that grow a tree of that size,
-            for methods that grow trees; None otherwise.
-        budget: the fastest tree-node budget of a block drafter; None otherwise.
         key: the dtype and device the record was measured for (``bfloat16/cpu``); None in files that predate it.
         lookup: the settings of a prompt lookup composed with these heads (``calibrate --prompt-lookup``: tokens
             proposed by match length, :class:`specheads.inference.lookup.PromptLookup`'s record); None: not
             calibrated, the lookup's defaults hold.
+        record: the whole record, whose fields about the trees the drafter grows (EAGLE-2's parameters, a DDTree
+            budget, ...) the method's tree family wrote and reads back
+            (:meth:`~specheads.inference.trees.TreeFamily.calibrated`).
     """
 
     tree: list[list[int]]
-    dynamic: dict[str, int] | None = None
-    budget: int | None = None
     key: str | None = None
     lookup: dict[str, Any] | None = None
+    record: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Calibration:
         """The typed form of one ``tree.json`` record."""
-        budget = record.get("budget")
         return cls(
             tree=[list(path) for path in record["choices"]],
-            dynamic=dict(record["dynamic"]) if record.get("dynamic") else None,
-            budget=None if budget is None else int(budget),
             key=record.get("dtype"),
             lookup=dict(record["lookup"]) if record.get("lookup") else None,
+            record=dict(record),
         )
 
 

@@ -13,7 +13,7 @@ from specheads.heads.checkpoint import HeadCheckpointError, read_checkpoint
 from specheads.heads.foreign import foreign_format, import_heads
 from specheads.registry import HEAD_TYPES, head_type_of
 
-ADAPTER_DIR = "adapter"
+ADAPTER_DIR = "adapter"  # in a heads checkpoint: what joint training changed of the base (Medusa-2's LoRA adapter)
 
 
 def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None) -> torch.nn.Module:
@@ -52,7 +52,8 @@ def load_heads(directory: str | Path, base_model: PreTrainedModel | None = None)
 def heads_for_decoding(
     heads: str | Path | torch.nn.Module, base_model: PreTrainedModel
 ) -> tuple[torch.nn.Module, PreTrainedModel]:
-    """Heads bound to the base they decode with; a Medusa-2 checkpoint's LoRA adapter is merged into the base first.
+    """Heads bound to the base they decode with; a checkpoint trained jointly with its base (Medusa-2: a LoRA
+    adapter in ``ADAPTER_DIR``) first has its method's joint training bind those changes into the base (merged).
 
     The heads are checked against the original base (their fingerprint), then bound to the merged one: decoding is
     lossless relative to the fine-tuned base, which is what Medusa-2 serves. Returns ``(heads, base)``.
@@ -63,9 +64,7 @@ def heads_for_decoding(
     loaded = load_heads(heads, base_model)
     adapter = Path(heads) / ADAPTER_DIR
     if adapter.is_dir():
-        from peft import PeftModel
-
-        base_model = PeftModel.from_pretrained(base_model, str(adapter)).merge_and_unload().eval()
+        base_model = head_type_of(loaded).bind_joint(adapter, base_model)
         loaded.bind_base(base_model)
     return loaded, base_model
 

@@ -35,15 +35,15 @@ from specheads.inference.drafters import (
 )
 from specheads.inference.generation import GenerationConfig
 from specheads.inference.lookup import PromptLookup, WithLookup, lookup_settings
+from specheads.inference.packing import StepInputs, for_rows, pack_step, stacked_rows
 from specheads.inference.sampling import SamplingParams, probabilities, sample
-from specheads.inference.state import DecodeState, DraftRequest, Proposal, rows_of
-from specheads.inference.trees import BlockTree, DynamicTree, TreeBuffers, grown_tree_owners, tree_from_choices
+from specheads.inference.state import DecodeState, DraftRequest, Proposal
+from specheads.inference.trees import family_of_kind
 from specheads.loading import check_same_vocabulary, eos_token_ids
 from specheads.metrics import SpecStats
 
 PromptInput = inputs.PromptInput
 ATTENTION_MODES = ("auto", "invariant", "model")
-_ROOT_ONLY = tree_from_choices(())  # the "tree" of a row that drafted nothing: its root alone
 
 
 @dataclass
@@ -86,27 +86,6 @@ class BatchOutput(list):
         self.stats = stats
 
 
-@dataclass
-class _StepInputs:
-    """One verify forward's inputs for the active rows (see :meth:`SpecDecoder._pack`).
-
-    Attributes:
-        trees: each row's tree (None: the row drafted nothing and feeds its root alone).
-        cached: each row's committed slots in the base cache before the step.
-        tokens: ``[B, W]`` each row's root then its tree's tokens, padded.
-        positions: ``[B, W]`` position ids (cached length + node depth).
-        mask: ``[B, 1, W, max(cached) + W]`` tree attention, or None (one row, a chain: the causal mask).
-        draft_probs: each row's ``[N, V]`` draft distributions, or None (deterministic drafts).
-    """
-
-    trees: list[TreeBuffers | None]
-    cached: list[int]
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    mask: torch.Tensor | None
-    draft_probs: list[torch.Tensor | None]
-
-
 @dataclass(frozen=True)
 class _Settings:
     """Validated arguments of one generate call."""
@@ -146,7 +125,8 @@ class SpecDecoder:
         prompt_lookup: compose prompt lookup with the drafter (:mod:`specheads.inference.lookup`): True for the
             default settings, or a :class:`~specheads.inference.lookup.PromptLookup`; each step's tree then holds the
             drafter's nodes and the lookup's continuations of each row's context, verified in one forward. Output
-            is unchanged (lossless in every mode). False/None (default): the drafter alone.
+            is unchanged (lossless in every mode). False/None (default): the drafter alone. A settings' corpus
+            (``PromptLookup.corpus``) is read and indexed here, once, with ``tokenizer``.
     """
 
     def __init__(
@@ -171,7 +151,7 @@ class SpecDecoder:
             check_same_vocabulary(self.model, self.drafter.model)
         settings = lookup_settings(prompt_lookup)
         if settings is not None:
-            self.drafter = WithLookup(self.drafter, settings)
+            self.drafter = WithLookup(self.drafter, settings, tokenizer)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -187,6 +167,7 @@ class SpecDecoder:
         num_speculative_tokens: int | None = None,
         attention: str = "auto",
         prompt_lookup: bool | PromptLookup | None = None,
+        lookup_corpus: str | Path | Sequence[Sequence[int]] | None = None,
     ) -> SpecDecoder:
         """Load a base (and a drafter) by name or path, or wrap models already in memory.
 
@@ -198,13 +179,16 @@ class SpecDecoder:
         choice (bf16 on a CPU with native bf16 products for a bf16 or GGUF checkpoint, else the checkpoint's dtype);
         heads and draft models follow the base's dtype. ``attention``: see the class. ``prompt_lookup``: see the
         class; True takes the lookup settings calibrated with the heads (``calibrate --prompt-lookup``) when their
-        calibration holds some, else the defaults.
+        calibration holds some, else the defaults. ``lookup_corpus``: those settings with a corpus of earlier outputs
+        (``PromptLookup.corpus``: a JSONL file or token lists); implies ``prompt_lookup=True`` when it is off.
         """
         base_model, drafter, loaded_tokenizer = construction.build(
             base, heads, draft_model, method, tokenizer, dtype, device, num_speculative_tokens
         )
-        if prompt_lookup is True:
+        if prompt_lookup is True or (lookup_corpus is not None and not prompt_lookup):
             prompt_lookup = construction.calibrated_lookup(drafter) or True
+        if lookup_corpus is not None:
+            prompt_lookup = dataclasses.replace(lookup_settings(prompt_lookup), corpus=lookup_corpus)
         return cls(base_model, drafter, loaded_tokenizer, attention=attention, prompt_lookup=prompt_lookup)
 
     # ------------------------------------------------------------------ public API
@@ -232,7 +216,7 @@ class SpecDecoder:
 
         How to generate is a :class:`~specheads.inference.generation.GenerationConfig`: ``generation_config``, with
         any of its fields given as keyword arguments on top (``temperature``, ``top_p``, ``top_k``, ``acceptance``,
-        ``tree``, ``num_speculative_tokens``, ``eos_token_id``, ``seed``, the rule parameters, the dynamic tree's
+        ``tree``, ``num_speculative_tokens``, ``eos_token_id``, ``seed``, the rule parameters, a grown tree's
         ``tree_top_k`` / ``depth`` / ``total_tokens``; see its attributes).
 
         Raises:
@@ -361,7 +345,7 @@ class SpecDecoder:
                 max_depths=tuple(limits),
             )
             tick = time.perf_counter()
-            proposals = _for_rows(self.drafter.propose(state, request), limits, state.batch_size)
+            proposals = for_rows(self.drafter.propose(state, request), limits, state.batch_size)
             tock = self._clock(state)  # queued draft kernels count as draft time
             active = list(state.rows)
             emitted, catch_up = self._step(state, proposals, settings, max_length)
@@ -432,7 +416,7 @@ class SpecDecoder:
         seeds = settings.seed if isinstance(settings.seed, list) else [settings.seed] * batch
         state.generators = [self._generator(settings, seed) for seed in seeds]
         if self.drafter.hidden_state_layers and max(counts) > 0:
-            state.hidden_states = tuple(_stacked_rows(layer, max(counts)) for layer in zip(*hidden, strict=True))
+            state.hidden_states = tuple(stacked_rows(layer, max(counts)) for layer in zip(*hidden, strict=True))
         state.hidden_counts = counts if state.hidden_states else []
         return state
 
@@ -452,8 +436,7 @@ class SpecDecoder:
         tree = settings.request.tree
         if tree is None:
             return int(self.drafter.max_nodes(settings.request))
-        size = tree.total_tokens if isinstance(tree, DynamicTree) else tree.num_nodes
-        return size + self.drafter.extra_nodes(settings.request)
+        return tree.num_nodes + self.drafter.extra_nodes(settings.request)
 
     def _step(
         self,
@@ -467,60 +450,13 @@ class SpecDecoder:
         Returns the tokens each row emitted (by row), and the seconds the drafter spent taking the commit in (its
         ``accepted`` hook: draft work, such as an EAGLE head's fc over the base's new features, timed as drafting).
         """
-        step = self._pack(state, proposals)
+        step = pack_step(state, proposals)
         out = self._forward(step.tokens, state.cache, step.mask, step.positions)
         results = self._accept(state, step, out.logits, settings)
         return self._commit(state, step, out, results, settings, max_length)
 
-    def _pack(self, state: DecodeState, proposals: list[Proposal | None] | Proposal) -> _StepInputs:
-        """Every active row's root and tree in one ``[B, W]`` input, its positions and its 4D mask.
-
-        The host knows the roots, lengths and tree shapes; they go to the device in one copy, and the mask is built
-        there by broadcasting (:func:`kv_cache.tree_step_mask`). A tree's own mask and depths come from the proposal
-        when the drafter built them on the device (a dynamic tree), else from the tree's device copy, uploaded once
-        per tree (:meth:`TreeBuffers.on`).
-        """
-        rows, device = state.rows, state.tokens.device
-        cached = [state.lengths[row] - 1 for row in rows]  # slots in the base cache; the root is fed now
-        meta = kv_cache.to_device([[state.host_tokens[row][-1] for row in rows], cached], device)
-        roots, lengths = meta[0], meta[1]
-        if isinstance(proposals, Proposal):  # one tree for every row: no per-row work at all
-            tree = proposals.tree
-            trees: list[TreeBuffers | None] = [tree] * len(rows)
-            tree_mask, depths = _shape(proposals, tree, device)
-            tokens = torch.cat([roots[:, None], proposals.tokens.to(device)], dim=1)
-            positions = lengths[:, None] + depths
-            probs = proposals.draft_probs
-            draft_probs = [None if probs is None else probs[i] for i in range(len(rows))]
-            block = None if tree.is_chain else tree_mask
-        elif all(p is None or p.tokens.shape[1] == 0 for p in proposals):  # plain decoding: each row feeds its root
-            trees, draft_probs, block = [None] * len(rows), [None] * len(rows), None
-            tokens, positions = roots[:, None], lengths[:, None]
-            if len(rows) > 1:
-                block = torch.ones(1, 1, 1, dtype=torch.bool, device=device)
-        else:
-            trees = [None if p is None or p.tokens.shape[1] == 0 else p.tree for p in proposals]
-            width = max(1 if tree is None else tree.num_nodes + 1 for tree in trees)
-            tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-            tokens[:, 0] = roots
-            for i, (tree, proposal) in enumerate(zip(trees, proposals, strict=True)):
-                if tree is not None:
-                    tokens[i, 1 : tree.num_nodes + 1] = proposal.tokens[0]
-            shapes = [_shape(p, tree, device, width) for p, tree in zip(proposals, trees, strict=True)]
-            positions = lengths[:, None] + torch.cat([depths for _, depths in shapes])
-            draft_probs = [None if p is None or p.draft_probs is None else p.draft_probs[0] for p in proposals]
-            chains = all(tree is None or tree.is_chain for tree in trees) and len(rows) == 1
-            block = None if chains else torch.cat([tree_mask for tree_mask, _ in shapes])
-        if len(rows) == 1 and block is None:
-            mask = None  # one row and a chain: the model's own causal mask over the cache is the same
-        else:
-            if block is None:
-                block = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool, device=device).tril()[None]
-            mask = kv_cache.tree_step_mask(lengths, max(cached), block)
-        return _StepInputs(trees, cached, tokens, positions, mask, draft_probs)
-
     def _accept(
-        self, state: DecodeState, step: _StepInputs, logits: torch.Tensor, settings: _Settings
+        self, state: DecodeState, step: StepInputs, logits: torch.Tensor, settings: _Settings
     ) -> list[AcceptResult]:
         """Each row's accepted path and next token. Greedy rows read one ``[2, B, W]`` transfer for the batch."""
         if settings.rule == "greedy" or (settings.sampling.greedy and settings.rule == "typical"):
@@ -551,7 +487,7 @@ class SpecDecoder:
     def _commit(
         self,
         state: DecodeState,
-        step: _StepInputs,
+        step: StepInputs,
         out: Any,
         results: list[AcceptResult],
         settings: _Settings,
@@ -655,7 +591,7 @@ class SpecDecoder:
     def _settings(self, config: GenerationConfig) -> _Settings:
         """What the engine reads of ``config`` for this decoder's drafter (checked by the drafter before compute)."""
         sampling, rule = config.sampling, config.rule
-        tree = self._dynamic_tree(config)
+        tree = self._sized_tree(config)
         request = DraftRequest(
             sampling=sampling,
             max_depth=0,
@@ -672,18 +608,16 @@ class SpecDecoder:
         eos = self._eos_ids(config.eos_token_id)
         return _Settings(config.max_new_tokens, sampling, rule, config.options, eos, request, config.seed)
 
-    def _dynamic_tree(self, config: GenerationConfig) -> Any:
-        """``tree="dynamic"`` with any of ``tree_top_k`` / ``depth`` / ``total_tokens`` set becomes a DynamicTree;
-        ``tree="ddtree"`` with ``total_tokens`` a DDTree of that budget."""
-        given = config.dynamic_overrides
+    def _sized_tree(self, config: GenerationConfig) -> Any:
+        """A grown tree's bare kind with size keywords set (``tree_top_k`` / ``depth`` / ``total_tokens``): the
+        drafter's own tree of that kind, resized by the kind's family (:meth:`TreeFamily.override`); else
+        ``config.tree`` as it is. A drafter that does not grow the kind refuses it when asked for its own."""
+        given = config.tree_overrides
         if not given:
             return config.tree
-        if config.tree == "ddtree":
-            return BlockTree(given["total_tokens"])
-        defaults = self.drafter.dynamic
-        if not isinstance(defaults, DynamicTree):
-            raise ValueError(f"{grown_tree_owners('dynamic')}; method {self.drafter.name!r} does not grow one")
-        return DynamicTree(**{**vars(defaults), **given})
+        family = family_of_kind(config.tree)  # GenerationConfig checked that the kind's family takes every keyword
+        fields = {family.overrides[keyword]: value for keyword, value in given.items()}
+        return family.override(self.drafter.resolve(config.tree), fields)
 
     def _resolve_tree(self, tree: Any) -> Any:
         """Trees are data; ``"auto"`` asks the drafter for the tree calibrated for it."""
@@ -707,65 +641,3 @@ def _config(base: GenerationConfig | None, max_new_tokens: int | None, kwargs: d
     if max_new_tokens is not None:
         kwargs = {"max_new_tokens": max_new_tokens, **kwargs}
     return GenerationConfig.from_kwargs(base, **kwargs)
-
-
-def _for_rows(
-    proposal: Proposal | list[Proposal | None] | None, limits: list[int], batch: int
-) -> Proposal | list[Proposal | None]:
-    """A drafter's answer for the step: one proposal for every row when its tree fits every row's depth limit,
-    else one proposal (``[1, N]`` tokens, cut to the row's limit) or None per row."""
-    if isinstance(proposal, Proposal) and proposal.tokens.shape[1] and proposal.tree.max_depth <= min(limits):
-        if proposal.tokens.shape[0] != batch:
-            raise RuntimeError(f"the drafter proposed {proposal.tokens.shape[0]} rows, the batch has {batch}")
-        return proposal
-    return [_truncated(p, limit) for p, limit in zip(_per_row(proposal, batch), limits, strict=True)]
-
-
-def _per_row(proposal: Proposal | list[Proposal | None] | None, batch: int) -> list[Proposal | None]:
-    """A drafter's answer as one proposal (``[1, N]`` tokens) or None per row."""
-    return rows_of(proposal, batch)
-
-
-def _truncated(proposal: Proposal | None, max_depth: int) -> Proposal | None:
-    """A row's proposal cut to its own depth limit (the drafter drafted for the deepest row of the batch).
-
-    Trees list their nodes by depth, so the nodes at depth <= ``max_depth`` are the first ones (and a device mask's
-    first rows and columns are the cut tree's).
-    """
-    if proposal is None or proposal.tree.max_depth <= max_depth:
-        return proposal
-    tree = proposal.tree.truncated(max_depth)
-    if tree.num_nodes == 0:
-        return None
-    count = tree.num_nodes
-    probs = None if proposal.draft_probs is None else proposal.draft_probs[:, :count]
-    if proposal.attention_mask is None:
-        return Proposal(proposal.tokens[:, :count], tree, probs)
-    mask, depths = proposal.attention_mask[:, : count + 1, : count + 1], proposal.depths[:, : count + 1]
-    return Proposal(proposal.tokens[:, :count], tree, probs, mask, depths)
-
-
-def _stacked_rows(rows: tuple[torch.Tensor | None, ...], width: int) -> torch.Tensor:
-    """``[B, width, H]``: each row's ``[1, n, H]`` hidden states (None: n = 0), padded with zeros after its n."""
-    like = next(row for row in rows if row is not None)
-    present = [like.new_zeros(1, 0, like.shape[-1]) if row is None else row for row in rows]
-    return torch.cat([torch.nn.functional.pad(row, (0, 0, 0, width - row.shape[1])) for row in present])
-
-
-def _shape(
-    proposal: Proposal | None, tree: TreeBuffers | None, device: torch.device, width: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A proposal's tree attention ``[R, W, W]`` and depths ``[R, W]`` on ``device``, padded to ``width`` nodes
-    (padding sees only itself, at depth 0): the proposal's own device tensors (R: its rows) when it has them, else
-    the tree's cached device copy (R = 1, broadcast; ``tree`` None: the root alone)."""
-    if tree is None or proposal is None or proposal.attention_mask is None:
-        buffers = (_ROOT_ONLY if tree is None else tree).on(device, width)
-        return buffers.attention_mask[None], buffers.depths[None]
-    mask, depths = proposal.attention_mask.to(device), proposal.depths.to(device)
-    size = mask.shape[-1]
-    if width is not None and width > size:
-        padding = width - size
-        eye = torch.eye(width, dtype=torch.bool, device=device)
-        mask = torch.nn.functional.pad(mask, (0, padding, 0, padding)) | eye
-        depths = torch.nn.functional.pad(depths, (0, padding))
-    return mask, depths

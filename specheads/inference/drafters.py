@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 from specheads.inference import kv_cache
 from specheads.inference.sampling import probabilities, sample
 from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import DynamicTree, TreeBuffers, chain_choices, resolve_tree, tree_from_choices
+from specheads.inference.trees import TreeSpec, chain_choices, resolve_tree, tree_from_choices
 
 
 class Drafter:
@@ -26,23 +26,21 @@ class Drafter:
         name: the method name (``"draft"``, ``"prompt-lookup"``, ``"none"``, ``"medusa"``, ...).
         hidden_state_layers: indices into the base's ``hidden_states`` output that the drafter needs for the tokens
             entering the cache (empty: the base runs without ``output_hidden_states``).
-        dynamic: the default parameters of the EAGLE-2 dynamic trees the drafter grows (None: it grows none, and
-            ``tree_top_k`` / ``depth`` / ``total_tokens`` are refused).
         per_token_cost: whether each drafted token costs a forward of a model of its own (the draft model): a
             composed prompt lookup may then skip the drafter on a step where its own match is long.
     """
 
     name: str = "drafter"
     hidden_state_layers: tuple[int, ...] = ()
-    dynamic: DynamicTree | None = None
     per_token_cost: bool = False
 
     def check_request(self, request: DraftRequest) -> None:
         """Raise ``ValueError`` before any compute when ``request`` cannot be served (e.g. a tree too deep)."""
 
-    def resolve(self, tree: Any) -> TreeBuffers | DynamicTree:
+    def resolve(self, tree: Any) -> TreeSpec:
         """The tree a ``tree=`` value names for this drafter; ``"auto"`` is a calibrated tree, which only draft heads
-        have."""
+        have. A drafter that grows trees of its own (a method's tree family) returns them for their names, and its
+        own default for a bare kind (which the size keywords then resize)."""
         if tree == "auto":
             raise ValueError(f"tree='auto' is calibrated for draft heads; method {self.name!r} has none")
         return resolve_tree(tree)

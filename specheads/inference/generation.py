@@ -13,9 +13,11 @@ from typing import Any
 
 from specheads.inference.acceptance import AcceptanceOptions, resolve_rule
 from specheads.inference.sampling import SamplingParams
+from specheads.inference.trees import family_of_kind, tree_families
 
-# Keywords that shape an EAGLE-2 dynamic tree (``tree="dynamic"``), and the DynamicTree field each one sets.
-DYNAMIC_TREE_KWARGS = {"tree_top_k": "top_k", "depth": "depth", "total_tokens": "total_tokens"}
+# Keywords that resize a tree a drafter grows, given with its bare kind: each tree family says which it takes and
+# the field of its tree each one sets (TreeFamily.overrides).
+TREE_SIZE_KWARGS = ("tree_top_k", "depth", "total_tokens")
 
 
 @dataclass(frozen=True)
@@ -28,14 +30,17 @@ class GenerationConfig:
         acceptance: ``"auto"`` (greedy at temperature 0, else rejection sampling: both lossless), ``"greedy"``,
             ``"rejection"``, or a lossy rule: ``"typical"``, ``"threshold"``, ``"alpha"``.
         tree: a static tree (``"chain-K"``, a shipped tree name, a JSON file, a Medusa choice list), ``"auto"`` (the
-            calibrated one) or ``"dynamic"`` / ``"dynamic-K-D-N"`` (EAGLE-2); None: the drafter's default.
+            calibrated one) or a tree the drafter grows while decoding, by its method's names (EAGLE-2's
+            ``dynamic`` / ``dynamic-K-D-N``, DDTree's ``ddtree`` / ``ddtree-N``: the tree families of the registry);
+            None: the drafter's default.
         num_speculative_tokens: K of chain drafters (None: the drafter's default).
         eos_token_id: stop tokens (None: the model's and tokenizer's).
         seed: one integer for every row, or one per prompt of a list (None: unseeded).
         posterior_threshold, posterior_alpha: ``typical``'s epsilon and delta.
         acceptance_threshold: ``threshold``'s probability.
         alpha: ``alpha``'s ratio.
-        tree_top_k, depth, total_tokens: a dynamic tree's parameters (with ``tree="dynamic"``; None: calibrated).
+        tree_top_k, depth, total_tokens: the size of a grown tree named by its bare kind, each where its family
+            takes it (EAGLE-2: all three; DDTree: ``total_tokens``, its node budget); None: the drafter's own.
     """
 
     max_new_tokens: int = 128
@@ -67,11 +72,9 @@ class GenerationConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{name} must be a number, got {value!r}")
-        given = sorted(k for k in DYNAMIC_TREE_KWARGS if getattr(self, k) is not None)
-        if self.tree == "ddtree" and given and given != ["total_tokens"]:
-            raise ValueError(f"a DDTree takes only total_tokens (its node budget), not {given}")
-        if given and self.tree not in ("dynamic", "ddtree"):
-            raise ValueError(f"{given} set a dynamic tree: pass tree='dynamic' (or tree='ddtree' with total_tokens)")
+        given = sorted(self.tree_overrides)
+        if given:
+            _check_tree_size(self.tree, given)
 
     @classmethod
     def known(cls) -> list[str]:
@@ -106,6 +109,24 @@ class GenerationConfig:
         return AcceptanceOptions(**{name: float(getattr(self, name)) for name in vars(AcceptanceOptions())})
 
     @property
-    def dynamic_overrides(self) -> dict[str, int]:
-        """The dynamic tree's parameters set here, by DynamicTree field."""
-        return {field: getattr(self, k) for k, field in DYNAMIC_TREE_KWARGS.items() if getattr(self, k) is not None}
+    def tree_overrides(self) -> dict[str, int]:
+        """The size keywords set here (``{keyword: value}``, of :data:`TREE_SIZE_KWARGS`), which resize the grown tree
+        that ``tree`` names (its family maps each to a field of its tree)."""
+        return {keyword: getattr(self, keyword) for keyword in TREE_SIZE_KWARGS if getattr(self, keyword) is not None}
+
+
+def _check_tree_size(tree: Any, given: list[str]) -> None:
+    """Size keywords ``given`` need a bare kind of a tree family that takes each of them.
+
+    Raises:
+        ValueError: ``tree`` is no family's bare kind, or its family does not take one of ``given``.
+    """
+    family = family_of_kind(tree)
+    if family is None:
+        kinds = " or ".join(
+            f"tree={kind!r} ({', '.join(other.overrides)})" for other in tree_families() for kind in other.kinds
+        )
+        raise ValueError(f"{given} set the size of a tree a drafter grows: pass {kinds}")
+    wrong = sorted(set(given) - set(family.overrides))
+    if wrong:
+        raise ValueError(f"tree={tree!r} ({family.description}) takes only {list(family.overrides)}, not {wrong}")

@@ -22,21 +22,34 @@ shorter matches). ``calibrate --prompt-lookup`` measures the acceptance of looku
 calibration prompts and stores the table with the heads' calibration (``tree.json``); without one the defaults
 below hold. ``skip_drafter_at``: from that match length on, a drafter that pays a forward per drafted token (the
 draft model, :attr:`Drafter.per_token_cost`) does not draft for the step; the lookup's branch alone is verified.
+
+An optional corpus of earlier outputs (``PromptLookup.corpus``: a JSONL file, :func:`read_corpus`, or token lists)
+is indexed once per decoder (:class:`CorpusIndex`, as SuffixDecoding's global tree) and looked up beside each row's
+own text. Of a corpus match, the proposed continuation is the one most of its occurrences follow. The rule between
+the two sources: the longer match comes first; at equal length the row's own continuations come first (its own text
+is the better guide to how it goes on); duplicates are dropped and ``candidates`` caps the two together.
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from specheads.inference import kv_cache
 from specheads.inference.drafters import Drafter
 from specheads.inference.state import DecodeState, DraftRequest, Proposal, rows_of
 from specheads.inference.trees import TreeBuffers, tree_from_parents
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Tokens proposed for a suffix match of length n (index n; lengths beyond the table use its last entry): nothing for a
 # single repeated token, more the longer the match. The held-out SmolLM2 answers continue a repeated 4-gram correctly
@@ -54,6 +67,9 @@ class PromptLookup:
         candidates: distinct continuations (branches) proposed per step at most.
         tokens_by_match: tokens proposed for a match of length n, at index n (the last entry serves longer matches).
         skip_drafter_at: a match of at least this length makes a per-token-cost drafter skip the step (None: never).
+        corpus: earlier outputs looked up beside each row's own text (see the module): a JSONL file
+            (:func:`read_corpus`; its texts are tokenised once, with the decoder's tokenizer) or token lists; None
+            (default): the row's own text only. Not part of :meth:`record` (a calibration stores no paths).
     """
 
     max_ngram: int = 8
@@ -61,6 +77,7 @@ class PromptLookup:
     candidates: int = 2
     tokens_by_match: tuple[int, ...] = DEFAULT_TOKENS_BY_MATCH
     skip_drafter_at: int | None = None
+    corpus: str | Path | tuple[tuple[int, ...], ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram:
@@ -73,6 +90,9 @@ class PromptLookup:
         object.__setattr__(self, "tokens_by_match", tokens)
         if self.skip_drafter_at is not None and self.skip_drafter_at < self.min_ngram:
             raise ValueError(f"PromptLookup.skip_drafter_at must be >= min_ngram, got {self.skip_drafter_at}")
+        if self.corpus is not None and not isinstance(self.corpus, (str, Path)):
+            texts = tuple(text if isinstance(text, tuple) else tuple(int(t) for t in text) for text in self.corpus)
+            object.__setattr__(self, "corpus", texts)
 
     def tokens_for(self, match: int) -> int:
         """Tokens proposed for a suffix match of ``match`` tokens."""
@@ -161,6 +181,222 @@ class SuffixIndex:
         return found[0][0] if found else 0
 
 
+# Of a corpus match with more occurrences than this, an evenly spaced sample of this many votes on the continuation.
+CORPUS_SAMPLE = 64
+_SEPARATOR = -1  # between the corpus's texts: no n-gram and no continuation crosses it
+_ASSISTANT_ROLES = ("assistant", "gpt", "model", "chatgpt", "bing", "bard")
+
+
+class CorpusIndex:
+    """A fixed corpus of token sequences (earlier outputs), indexed once; :meth:`lookup` as :class:`SuffixIndex`'s.
+
+    The texts are laid end to end with a separator between them; each position with a token before it and one at it
+    (a continuation's start) is sorted by the tokens before it, nearest first (a suffix array of the reversed text,
+    cut at ``max_ngram`` tokens). The occurrences of a context's last n tokens are then one range of that order,
+    narrowed one token at a time: the nearest few tokens are packed into one integer key (a binary search in
+    numpy), the farther ones are searched within the range. A lookup costs ``O(max_ngram log N)`` whatever the
+    corpus's size; the index holds about 20 bytes per corpus token.
+
+    Of a match's occurrences (an evenly spaced sample of :data:`CORPUS_SAMPLE` when it has more), the proposed
+    continuation is their most frequent path: at each depth the token most of the occurrences still on the path
+    continue with (ties: the smaller token id); a further candidate takes the occurrences whose first token differs.
+    """
+
+    def __init__(self, texts: Sequence[Sequence[int]], settings: PromptLookup) -> None:
+        self.settings = settings
+        flat = [_SEPARATOR] * settings.max_ngram  # a left margin: every end has max_ngram tokens before it
+        for text in texts:
+            flat.extend(text)
+            flat.append(_SEPARATOR)
+        flat.extend([_SEPARATOR] * max(settings.tokens_by_match))  # a right margin for the longest continuation
+        stream = np.asarray(flat, dtype=np.int64)
+        valid = stream >= 0
+        self.tokens = int(valid.sum())
+        if self.tokens != sum(len(text) for text in texts):
+            raise ValueError("a lookup corpus holds token ids, which are non-negative")
+        ends = np.flatnonzero(valid[:-1] & valid[1:]) + 1  # [E] a token before, a token from here on
+        # The tokens before an end, nearest first, each shifted by one (the separator is 0), `packed` to an int64 key.
+        self._bits = (int(stream.max()) + 2).bit_length()
+        self._packed = min(settings.max_ngram, 63 // self._bits)
+        keys = []
+        for first in range(1, settings.max_ngram + 1, self._packed):
+            key = np.zeros(len(ends), dtype=np.int64)
+            for depth in range(first, min(first + self._packed, settings.max_ngram + 1)):
+                key = (key << self._bits) | (stream[ends - depth] + 1)
+            keys.append(key)
+        order = np.lexsort(keys[::-1])  # the last key sorts first: the nearest tokens
+        self._keys = keys[0][order]
+        self._ends = ends[order]
+        self._stream = stream.astype(np.int32)
+        self._stream_view, self._ends_view = memoryview(self._stream), memoryview(self._ends)
+
+    def _narrow(self, lo: int, hi: int, depth: int, token: int) -> tuple[int, int]:
+        """The entries of ``[lo, hi)`` whose token ``depth`` places before their end is ``token`` (the range is
+        sorted by that token: its entries share the ``depth - 1`` tokens after it)."""
+        stream, ends = self._stream_view, self._ends_view
+        first, last = lo, hi
+        while first < last:
+            middle = (first + last) // 2
+            if stream[ends[middle] - depth] < token:
+                first = middle + 1
+            else:
+                last = middle
+        start, last = first, hi
+        while first < last:
+            middle = (first + last) // 2
+            if stream[ends[middle] - depth] <= token:
+                first = middle + 1
+            else:
+                last = middle
+        return start, first
+
+    def _ranges(self, context: Sequence[int]) -> list[tuple[int, int]]:
+        """``ranges[n - 1]``: the entries that follow the context's last n tokens, for each n that occurs."""
+        ranges: list[tuple[int, int]] = []
+        lo, hi, prefix = 0, len(self._ends), 0
+        for depth in range(1, min(self.settings.max_ngram, len(context)) + 1):
+            token = int(context[-depth])
+            if depth <= self._packed:
+                if token + 1 >= 1 << self._bits:
+                    break  # a token the corpus never holds
+                prefix = (prefix << self._bits) | (token + 1)
+                shift = self._bits * (self._packed - depth)
+                lo, hi = np.searchsorted(self._keys, [prefix << shift, (prefix + 1) << shift]).tolist()
+            else:
+                lo, hi = self._narrow(lo, hi, depth, token)
+            if lo == hi:
+                break
+            ranges.append((lo, hi))
+        return ranges
+
+    def lookup(self, context: Sequence[int], limit: int) -> list[tuple[int, list[int]]]:
+        """Up to ``candidates`` distinct ``(match length, continuation)`` pairs, longest match first, each at most
+        ``limit`` tokens."""
+        settings = self.settings
+        ranges = self._ranges(context)
+        found, seen = [], set()
+        for size in range(len(ranges), settings.min_ngram - 1, -1):
+            length = min(settings.tokens_for(size), limit)
+            if length < 1:
+                continue
+            for continuation in self._continuations(*ranges[size - 1], length):
+                if tuple(continuation) not in seen:
+                    seen.add(tuple(continuation))
+                    found.append((size, continuation))
+                    if len(found) >= settings.candidates:
+                        return found
+        return found
+
+    def _continuations(self, lo: int, hi: int, length: int) -> list[list[int]]:
+        """The most frequent paths (see the class) of the ``length`` tokens after the occurrences ``[lo, hi)``."""
+        if hi - lo <= CORPUS_SAMPLE:
+            picks = np.arange(lo, hi)
+        else:
+            picks = lo + np.arange(CORPUS_SAMPLE) * (hi - lo) // CORPUS_SAMPLE
+        rows = self._stream[self._ends[picks][:, None] + np.arange(length)].tolist()  # [K, length]
+        paths: list[list[int]] = []
+        while rows and len(paths) < self.settings.candidates:
+            path, following = [], rows
+            for depth in range(length):
+                if len(following) == 1:  # one occurrence left: its own continuation, up to its text's end
+                    rest = following[0][depth:]
+                    path.extend(rest[: rest.index(_SEPARATOR)] if _SEPARATOR in rest else rest)
+                    break
+                counts = Counter(row[depth] for row in following if row[depth] != _SEPARATOR)
+                if not counts:
+                    break
+                path.append(min(counts, key=lambda token: (-counts[token], token)))
+                following = [row for row in following if row[depth] == path[-1]]  # a text that ended leaves
+            paths.append(path)
+            rows = [row for row in rows if row[0] != path[0]]
+        return paths
+
+
+def output_texts(record: dict[str, Any]) -> list[str]:
+    """The outputs one corpus record holds: its ``response``, else its assistant turns (``conversations`` or
+    ``messages``, ShareGPT's ``from``/``value`` or ``role``/``content``), else its ``text``."""
+    if isinstance(record.get("response"), str):
+        return [record["response"]]
+    for key in ("conversations", "messages"):
+        turns = record.get(key)
+        if isinstance(turns, list):
+            outputs = []
+            for turn in turns:
+                if not isinstance(turn, dict):
+                    continue
+                role = str(turn.get("from", turn.get("role"))).strip().lower()
+                content = turn.get("value", turn.get("content"))
+                if role in _ASSISTANT_ROLES and isinstance(content, str):
+                    outputs.append(content)
+            return outputs
+    return [record["text"]] if isinstance(record.get("text"), str) else []
+
+
+def read_corpus(path: str | Path, tokenizer: PreTrainedTokenizerBase | None = None) -> list[list[int]]:
+    """The token ids of a lookup corpus: a JSONL file whose lines are token-id lists, records with ``token_ids``
+    (or ``input_ids``), or records with texts (:func:`output_texts`: ``response``, assistant turns, ``text``); the
+    texts are tokenised together, once, without special tokens.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line is not JSON or holds no output; texts without a tokenizer; no tokens at all.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"lookup corpus {path} does not exist")
+    ids: list[list[int]] = []
+    texts: list[str] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from error
+            tokens = record.get("token_ids", record.get("input_ids")) if isinstance(record, dict) else record
+            if isinstance(tokens, list):
+                ids.append([int(token) for token in tokens])
+                continue
+            outputs = output_texts(record) if isinstance(record, dict) else []
+            if not outputs:
+                raise ValueError(
+                    f"{path}:{number}: no output: a line is a token-id list or a record with 'token_ids', "
+                    "'response', assistant turns ('conversations'/'messages') or 'text'"
+                )
+            texts.extend(text for text in outputs if text.strip())
+    if texts:
+        if tokenizer is None:
+            raise ValueError(f"lookup corpus {path} holds texts: tokenising them needs the base's tokenizer")
+        ids.extend(tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"])
+    if not any(ids):
+        raise ValueError(f"lookup corpus {path} holds no tokens")
+    return ids
+
+
+def combined_matches(
+    own: Sequence[tuple[int, list[int]]], corpus: Sequence[tuple[int, list[int]]], candidates: int
+) -> list[tuple[int, list[int]]]:
+    """Up to ``candidates`` distinct ``(match length, continuation)`` pairs of a row's own index and of the corpus
+    (each longest first): the longer match first; at equal length the row's own first."""
+    found, seen = [], set()
+    for size, continuation in sorted([*own, *corpus], key=lambda pair: -pair[0]):  # stable: own before corpus
+        if tuple(continuation) not in seen:
+            seen.add(tuple(continuation))
+            found.append((size, continuation))
+    return found[:candidates]
+
+
+def corpus_index(settings: PromptLookup, tokenizer: PreTrainedTokenizerBase | None = None) -> CorpusIndex | None:
+    """The index of ``settings.corpus`` (a file is read with :func:`read_corpus`); None without a corpus."""
+    if settings.corpus is None:
+        return None
+    texts = settings.corpus
+    if isinstance(texts, (str, Path)):
+        texts = read_corpus(texts, tokenizer)
+    return CorpusIndex(texts, settings)
+
+
 @dataclass
 class LookupStats:
     """What the lookup proposed and what the base accepted of it, by match length (for calibration).
@@ -213,20 +449,26 @@ class WithLookup(Drafter):
     Args:
         inner: any drafter (``NoDrafter`` makes lookup the only source).
         settings: the lookup's settings (:class:`PromptLookup`).
+        tokenizer: tokenises a corpus file's texts (``settings.corpus``), once, here.
 
     Attributes:
         last_stats: the lookup's :class:`LookupStats` of the latest generation (of a batched generate's latest
             chunk), counted as it decodes; ``calibrate --prompt-lookup`` reads it.
     """
 
-    def __init__(self, inner: Drafter, settings: PromptLookup | None = None) -> None:
+    def __init__(
+        self,
+        inner: Drafter,
+        settings: PromptLookup | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
         if isinstance(inner, WithLookup):
             raise ValueError("the drafter already has prompt lookup composed with it")
         self.inner = inner
         self.settings = settings or PromptLookup()
+        self.corpus = corpus_index(self.settings, tokenizer)  # one index for every generation of this decoder
         self.name = f"{inner.name}+lookup"
         self.hidden_state_layers = inner.hidden_state_layers
-        self.dynamic = inner.dynamic
         self.per_token_cost = inner.per_token_cost
         self.last_stats = LookupStats()
 
@@ -282,7 +524,7 @@ class WithLookup(Drafter):
         branches = []
         for i, row in enumerate(rows):
             context = state.host_tokens[row] if state.host_tokens else state.sequence(row).tolist()
-            branches.append(composed.indexes[i].lookup(context, limits[i]) if limits[i] > 0 else [])
+            branches.append(self._lookup(composed.indexes[i], context, limits[i]) if limits[i] > 0 else [])
         skip = (
             self.settings.skip_drafter_at is not None
             and self.per_token_cost
@@ -306,6 +548,12 @@ class WithLookup(Drafter):
                 composed.inner_trees[i] = (proposal.tree.parents, proposal.tokens[0].tolist())
             proposals.append(merge(proposal, [branch for _, branch in found], device))
         return proposals
+
+    def _lookup(self, index: SuffixIndex, context: Sequence[int], limit: int) -> list[tuple[int, list[int]]]:
+        found = index.lookup(context, limit)
+        if self.corpus is None:
+            return found
+        return combined_matches(found, self.corpus.lookup(context, limit), self.settings.candidates)
 
     def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:
         composed: _Composed = state.draft

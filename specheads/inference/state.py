@@ -9,7 +9,7 @@ import torch
 
 from specheads.inference import kv_cache
 from specheads.inference.sampling import SamplingParams
-from specheads.inference.trees import DynamicTree, TreeBuffers
+from specheads.inference.trees import TreeBuffers, TreeSpec
 from specheads.metrics import SpecStats
 
 
@@ -123,7 +123,9 @@ class DraftRequest:
         max_depth: the deepest useful draft (tokens left to generate minus one, within the model's length limit), the
             largest over the rows of the batch; the engine cuts each row's proposal to that row's own limit.
         num_speculative_tokens: K for chain drafters (None: the drafter's default).
-        tree: the tree for tree drafters: static buffers or an EAGLE-2 :class:`DynamicTree` (None: the default).
+        tree: the tree for tree drafters: static buffers or a tree the drafter grows, of its method's own type
+            (any :class:`~specheads.inference.trees.TreeSpec`: EAGLE-2's dynamic trees, DDTree budgets; None: the
+            default).
         max_depths: each row's own depth limit (a drafter that samples stops each row there, so that a row draws
             the same random numbers alone or in any batch).
     """
@@ -131,7 +133,7 @@ class DraftRequest:
     sampling: SamplingParams
     max_depth: int
     num_speculative_tokens: int | None = None
-    tree: TreeBuffers | DynamicTree | None = None
+    tree: TreeSpec | None = None
     max_depths: tuple[int, ...] = ()
 
 
@@ -148,7 +150,7 @@ class Proposal:
         draft_probs: ``[B, N, V]`` distribution each node's token was drawn from, or None for deterministic
             proposals (top-k heads, prompt lookup, greedy drafts), which count as one-hot.
         attention_mask: ``[B, N + 1, N + 1]`` bool on the tokens' device, each row's tree attention (root first;
-            ``tree.attention_mask`` of that row), when the drafter grew the tree there (an EAGLE-2 dynamic tree);
+            ``tree.attention_mask`` of that row), when the drafter grew the tree there (an EAGLE-2 dynamic tree, say);
             None: the engine uploads the host tree's buffers (:meth:`TreeBuffers.on`, cached per tree).
         depths: ``[B, N + 1]`` each node's depth on the device, given with ``attention_mask``.
     """

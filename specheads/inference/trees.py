@@ -6,18 +6,24 @@ each node by its path of top-k ranks from the root, e.g. ``[[0], [0, 0], [1]]``:
 candidate of head 1 under the first candidate of head 0 (Cai et al. 2024, arXiv 2401.10774).
 
 Everything here is a pure function of the topology; no model is involved.
+
+Trees a drafter grows while decoding (EAGLE-2's dynamic trees, DDTree budgets, ...) belong to the method that grows
+them: each method describes its own as a :class:`TreeFamily` (their names, size keywords, calibration record), which
+the engine reads through :func:`tree_families` without naming any kind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -25,10 +31,6 @@ import torch
 # and in an installed wheel alike; the repository's configs/trees is a symlink to this folder, absent from a wheel.
 TREES_DIR = Path(__file__).resolve().parents[1] / "trees"
 _CHAIN_RE = re.compile(r"^chain-(\d+)$")
-_DYNAMIC_RE = re.compile(r"^dynamic-(\d+)-(\d+)-(\d+)$")
-_BLOCK_RE = re.compile(r"^ddtree-(\d+)$")
-# How a grown kind (a registry entry's ``grows``) names its size too, as _DYNAMIC_RE and _BLOCK_RE read it.
-_SIZED_FORMS = {"dynamic": "dynamic-K-D-N", "ddtree": "ddtree-N"}
 
 Choices = tuple[tuple[int, ...], ...]
 
@@ -136,73 +138,6 @@ class DeviceTree:
     ranks: torch.Tensor
 
 
-@dataclass(frozen=True)
-class DynamicTree:
-    """An EAGLE-2 dynamic tree, grown at decode time from the draft's confidence (Li et al. 2024, arXiv 2406.16858).
-
-    Attributes:
-        top_k: nodes expanded per depth, and children kept per expanded node.
-        depth: draft levels below the root.
-        total_tokens: drafted nodes verified (the best by path probability; the root not counted).
-    """
-
-    top_k: int
-    depth: int
-    total_tokens: int
-
-    def __post_init__(self) -> None:
-        for name in ("top_k", "depth", "total_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TreeError(f"a dynamic tree's {name} must be an integer >= 1, got {value!r}")
-
-    @property
-    def max_depth(self) -> int:
-        return self.depth
-
-    @classmethod
-    def parse(cls, text: str) -> DynamicTree | None:
-        """``"dynamic-K-D-N"`` (top_k K, depth D, total_tokens N), the form the CLI and bench take; else None."""
-        match = _DYNAMIC_RE.match(text)
-        return None if match is None else cls(*(int(group) for group in match.groups()))
-
-    @property
-    def name(self) -> str:
-        return f"dynamic-{self.top_k}-{self.depth}-{self.total_tokens}"
-
-
-@dataclass(frozen=True)
-class BlockTree:
-    """A DDTree (Ringel et al. 2026, arXiv 2604.12989): the ``total_tokens`` best paths through the per-depth
-    distributions of one block drafter forward, grown best-first (the drafter's :func:`ddtree` builder).
-
-    Attributes:
-        total_tokens: drafted nodes verified (the root not counted).
-    """
-
-    total_tokens: int
-
-    def __post_init__(self) -> None:
-        value = self.total_tokens
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise TreeError(f"a DDTree's node budget (total_tokens) must be an integer >= 1, got {value!r}")
-
-    @property
-    def num_nodes(self) -> int:
-        """The most nodes a tree of this budget verifies."""
-        return self.total_tokens
-
-    @classmethod
-    def parse(cls, text: str) -> BlockTree | None:
-        """``"ddtree-N"`` (a budget of N nodes), the form the CLI and bench take; else None."""
-        match = _BLOCK_RE.match(text)
-        return None if match is None else cls(int(match.group(1)))
-
-    @property
-    def name(self) -> str:
-        return f"ddtree-{self.total_tokens}"
-
-
 def validate_choices(choices: Sequence[Sequence[int]]) -> Choices:
     """Check a Medusa choice list and return it sorted by (depth, path).
 
@@ -240,7 +175,7 @@ def tree_from_choices(choices: Choices) -> TreeBuffers:
 
 
 def tree_from_parents(parents: Sequence[int]) -> TreeBuffers:
-    """Tree buffers for an arbitrary topology (dynamic trees); ``parents[0]`` must be -1. Cached by topology."""
+    """Tree buffers for an arbitrary topology (grown trees); ``parents[0]`` must be -1. Cached by topology."""
     return _tree_from_parents(tuple(int(p) for p in parents))
 
 
@@ -300,14 +235,11 @@ def resolve_tree(spec: str | Path | Sequence[Sequence[int]]) -> TreeBuffers:
             without ``.json``); a path to a JSON file ``{"choices": [...]}``; or a Medusa choice list.
 
     Raises:
-        TreeError: for an unknown name, an unreadable file or a malformed tree.
+        TreeError: for an unknown name, the name of a tree some family grows (:func:`family_of`: the drafter that
+            asked takes static trees), an unreadable file or a malformed tree.
     """
     if isinstance(spec, (str, Path)):
         text = str(spec)
-        if text == "dynamic" or _DYNAMIC_RE.match(text):
-            raise TreeError(f"{grown_tree_owners('dynamic')}; this drafter takes static trees only")
-        if text == "ddtree" or _BLOCK_RE.match(text):
-            raise TreeError(f"{grown_tree_owners('ddtree')}; this drafter takes static trees only")
         match = _CHAIN_RE.match(text)
         if match:
             length = int(match.group(1))
@@ -324,6 +256,9 @@ def _load_tree_file(text: str) -> list:
     candidates = [Path(text)] if looks_like_path else [TREES_DIR / f"{text}.json"]
     path = next((p for p in candidates if p.is_file()), None)
     if path is None:
+        family = None if looks_like_path else family_of(text)
+        if family is not None:
+            raise TreeError(f"{grown_tree_owners(family)}; this drafter takes static trees only")
         raise TreeError(f"unknown tree {text!r}; {tree_forms()}")
     try:
         data = json.loads(path.read_text())
@@ -341,13 +276,11 @@ def available_trees() -> list[str]:
 
 def tree_forms() -> str:
     """Every form a ``tree=`` value takes, in words, for the error that refuses an unknown one: read from the
-    shipped tree files and from the registry (the kinds each method's drafter grows), so a new one is listed."""
-    from specheads.registry import HEAD_TYPES, methods_growing
-
-    grown = dict.fromkeys(kind for entry in HEAD_TYPES.values() for kind in entry.grows)
+    shipped tree files and from the tree families (:func:`tree_families`), so a new one is listed."""
     forms = [
-        f"'{kind}'" + (f" / '{_SIZED_FORMS[kind]}'" if kind in _SIZED_FORMS else "") + f" ({methods_growing(kind)})"
-        for kind in grown
+        f"'{kind}'" + (f" / '{family.sized_form}'" if family.sized_form else "") + f" ({_owners(family)})"
+        for family in tree_families()
+        for kind in family.kinds
     ]
     return (
         f"a tree is 'chain-K', a tree JSON file, a shipped tree {available_trees()}, 'auto' (the tree calibrated for "
@@ -375,57 +308,140 @@ def grow_tree(agreement_by_rank: Sequence[Sequence[float]], max_nodes: int) -> l
     return nodes
 
 
-def dynamic_parameters(choices: Sequence[Sequence[int]]) -> dict[str, int]:
-    """EAGLE-2 ``top_k`` / ``depth`` / ``total_tokens`` able to grow a tree of this shape from the draft's confidence.
+# ------------------------------------------------------------------------------------------------ grown trees
+@runtime_checkable
+class TreeSpec(Protocol):
+    """What the engine reads of any tree a request names: static :class:`TreeBuffers`, or a tree a family grows
+    while decoding (a method's own type, such as EAGLE-2's dynamic trees or DFlash's DDTree budgets)."""
 
-    ``top_k`` covers the widest rank used and the most nodes expanded at one depth; ``depth`` is the tree's depth and
-    ``total_tokens`` its size (at least one node each).
-    """
-    if not choices:
-        return {"top_k": 1, "depth": 1, "total_tokens": 1}
-    depth = max(len(path) for path in choices)
-    widest_rank = max(path[-1] for path in choices) + 1
-    parents_per_depth = [len({tuple(p[:-1]) for p in choices if len(p) == d}) for d in range(2, depth + 1)]
-    return {
-        "top_k": max([widest_rank, *parents_per_depth]),
-        "depth": depth,
-        "total_tokens": len(choices),
-    }
-
-
-def grown_tree_owners(kind: str) -> str:
-    """``tree='<kind>' is grown by the drafters of methods [...]``: the registry entries whose tree family grows it
-    (the wording of every refusal of a grown tree)."""
-    from specheads.registry import methods_growing
-
-    what = {"dynamic": "EAGLE-2 dynamic trees", "ddtree": "DDTree trees"}.get(kind, f"{kind} trees")
-    return f"tree={kind!r} ({what}) is grown by the drafters of methods {methods_growing(kind)}"
+    @property
+    def num_nodes(self) -> int:
+        """The most drafted nodes one step of this tree verifies (the root not counted)."""
+        ...
 
 
 class TreeFamily:
-    """The trees a method's drafter grows beyond static trees: what calibration times for it and what it records.
+    """The trees a method's drafter grows while decoding, beyond static trees, described by the method that owns them.
 
-    A method's registry entry names its family (``trees``); the default is static trees only. Calibration asks the
-    family for the grown trees worth timing next to the static candidates, records the fastest through
-    :meth:`record`, and charges the method's draft cost per depth, or once per step when one draft forward drafts
-    every depth (:attr:`draft_per_step`).
+    The engine never names a kind; it asks the families (:func:`tree_families`): :func:`resolve_tree` refuses a
+    family's tree names for a drafter of static trees, naming who grows them; ``GenerationConfig`` checks the size
+    keywords a kind takes (:attr:`overrides`) and the decoder applies them to the drafter's own tree of that kind
+    (:meth:`override`); calibration times :meth:`candidates` next to the static ones, charges the method's draft cost
+    per depth or once a step (:attr:`draft_per_step`), records the fastest (:meth:`record`) and reports it
+    (:meth:`summary`); the drafter reads the record back (:meth:`calibrated`). A method's registry entry names its
+    family (``trees``; default :data:`STATIC`, static trees only); a family without an entry is made known with
+    :func:`register_tree_family`.
 
     Attributes:
-        kinds: the ``tree=`` names the drafter grows (``"dynamic"``, ``"ddtree"``).
+        kinds: the bare ``tree=`` names of the family's trees (each the drafter's own default size).
+        sized_form: how a name gives the size too, in words (``"<kind>-N"``), which :meth:`parse` reads.
+        description: what the trees are, in words, for messages.
+        overrides: ``{generate keyword: tree field}``: the keywords (``tree_top_k``, ``depth``, ``total_tokens``) that
+            resize a bare kind, and the field of the tree each sets.
         draft_per_step: one draft forward drafts every depth (a block drafter).
     """
 
     kinds: tuple[str, ...] = ()
+    sized_form: str = ""
+    description: str = ""
+    overrides: Mapping[str, str] = MappingProxyType({})
     draft_per_step: bool = False
+
+    def parse(self, text: str) -> Any | None:
+        """The tree a sized name (:attr:`sized_form`) gives, else None."""
+        return None
+
+    def names(self, text: str) -> bool:
+        """``text`` names one of this family's trees (a bare kind or a sized name, even one of a size it refuses)."""
+        if text in self.kinds:
+            return True
+        try:
+            return self.parse(text) is not None
+        except TreeError:  # the family's form with a bad size (``ddtree-0``): still the family's name
+            return True
+
+    def override(self, tree: Any, fields: dict[str, int]) -> Any:
+        """``tree`` (a drafter's own tree of a bare kind) with the ``fields`` the :attr:`overrides` keywords set."""
+        return dataclasses.replace(tree, **fields)
 
     def candidates(self, statics: Sequence[Sequence[Sequence[int]]], max_nodes: int) -> list[Any]:
         """Grown trees to time next to the static candidate trees ``statics`` (none by default)."""
         return []
 
     def record(self, fastest: Any) -> dict[str, Any]:
-        """The calibration record's fields for the fastest grown tree (see :class:`~specheads.heads.calibration.
-        Calibration`)."""
+        """The calibration record's fields for the fastest grown tree (``tree.json``; see :class:`~specheads.heads.
+        calibration.Calibration`)."""
         return {}
+
+    def calibrated(self, calibration: Any) -> Any | None:
+        """The grown tree a :class:`~specheads.heads.calibration.Calibration` recorded (:meth:`record`'s fields in its
+        ``record``), None when it holds none or ``calibration`` is None."""
+        return None
+
+    def summary(self, record: dict[str, Any]) -> list[str]:
+        """The lines ``specheads calibrate`` prints about what :meth:`record` wrote into ``record`` (default: none)."""
+        return []
 
 
 STATIC = TreeFamily()  # static trees only: the tree family of a registry entry that names none
+_REGISTERED: list[TreeFamily] = []  # families made known without a registry entry (register_tree_family)
+
+
+def register_tree_family(family: TreeFamily) -> TreeFamily:
+    """Make ``family``'s trees known to the engine without a registry entry (a drafter built by hand, a test): its
+    names are then refused for static drafters with its description, and its bare kinds take its size keywords.
+
+    A method's family needs no call: its registry entry names it. Returns ``family``.
+
+    Raises:
+        TreeError: one of its kinds names another family's tree.
+    """
+    for kind in family.kinds:
+        other = family_of(kind)
+        if other is not None and other is not family:
+            raise TreeError(f"tree={kind!r} already names {other.description or type(other).__name__}")
+    if family not in _REGISTERED:
+        _REGISTERED.append(family)
+    return family
+
+
+def unregister_tree_family(family: TreeFamily) -> None:
+    """Forget a family :func:`register_tree_family` made known (no error when it was not)."""
+    if family in _REGISTERED:
+        _REGISTERED.remove(family)
+
+
+def tree_families() -> list[TreeFamily]:
+    """Every family of grown trees: each method's (its registry entry's ``trees``, imported on first use), in
+    registry order, then those made known with :func:`register_tree_family`."""
+    from specheads.registry import HEAD_TYPES
+
+    families = [entry.tree_family() for entry in HEAD_TYPES.values()] + _REGISTERED
+    return [family for family in dict.fromkeys(families) if family.kinds]
+
+
+def family_of(text: str) -> TreeFamily | None:
+    """The family whose tree ``text`` names (a bare kind or a sized name), None when no family's does."""
+    return next((family for family in tree_families() if family.names(text)), None)
+
+
+def family_of_kind(tree: Any) -> TreeFamily | None:
+    """The family one of whose bare kinds ``tree`` is (the names that take size keywords), else None."""
+    if not isinstance(tree, str):
+        return None
+    return next((family for family in tree_families() if tree in family.kinds), None)
+
+
+def _owners(family: TreeFamily) -> list[str]:
+    """The methods whose registry entries name ``family``."""
+    from specheads.registry import HEAD_TYPES
+
+    return [name for name, entry in HEAD_TYPES.items() if entry.tree_family() is family]
+
+
+def grown_tree_owners(family: TreeFamily) -> str:
+    """``tree='<kind>' (...) is grown by the drafters of methods [...]``: who grows ``family``'s trees (the wording
+    of every refusal of a grown tree)."""
+    owners = _owners(family)
+    by = f"the drafters of methods {owners}" if owners else "drafters of its own (registered without a method)"
+    return f"tree={family.kinds[0]!r} ({family.description or 'grown trees'}) is grown by {by}"

@@ -1,125 +1,137 @@
-"""Everything a method folder may use from the rest of specheads, in one place.
+"""Everything a method folder may use from the rest of specheads: the three phase modules, re-exported as one.
 
-A method (``specheads/methods/<name>/``) imports from specheads only this module and its own folder; the registry
+A method (``specheads/methods/<name>/``) imports from specheads only the method API and its own folder; the registry
 entry (:mod:`specheads.registry`) names the folder's parts. The structural test of the suite holds every method to
-that, so this list is the whole contract between the engine and a method. Each name is documented where it is
-defined; the groups below say what it is for.
+that, so these modules are the whole contract between the engine and a method. The API is split by phase, so that a
+phase loads only what it needs:
+
+- :mod:`specheads.methods.api_decode`: heads storage and the drafter's side of the engine (state, trees, sampling,
+  the draft's cache). A method's heads module and drafter import only this one: loading heads and decoding import
+  nothing from ``specheads.training`` or ``specheads.export`` (a test imports each drafter and checks).
+- :mod:`specheads.methods.api_train`: recipe errors, the step's context and result, the teacher, losses, agreement.
+- :mod:`specheads.methods.api_export`: the export-format record, writer and checker helpers, serve commands.
+
+This module re-exports the three for a method's training and export code, which may use any phase's names. A new
+name goes into the phase module it belongs to and into the lists here.
 """
 
 from __future__ import annotations
 
-# Checkpoints: the heads base class and its storage, the fingerprint of the base, calibration records.
-from specheads.export.check import (
-    CheckReport,
-    EngineVerdict,
-    config_architectures,
-    id_list,
-    nonzero_bias,
-    tensor_problems,
-    unknown_tensors,
-)
-
-# Export: the record a method's formats are listed in, the shared writer helpers, the serve commands.
-from specheads.export.formats import (
-    SPECULATORS_VERSION,
-    ExportResult,
-    check_heads,
-    llamacpp_command,
-    serving_engines,
-    speculative_tokens,
-    vllm_command,
-)
-
-# Messages: the pip command that installs an optional dependency a method needs (e.g. gguf), for this install.
-from specheads.extras import install_hint
-from specheads.heads.calibration import Calibration
-from specheads.heads.checkpoint import WEIGHTS_NAME as SAFETENSORS_WEIGHTS
-from specheads.heads.checkpoint import (
-    DraftHeads,
-    HeadCheckpointError,
-    base_model_info,
-    load_module_state,
-    save_checkpoint,
-)
-from specheads.heads.foreign import shape_error
-from specheads.heads.vocab import (
-    check_draft_map,
-    draft_maps,
-    draft_vocab_coverage,
-    draft_vocab_size_for_coverage,
-    select_draft_vocab,
-)
-
-# Decoding: the drafter protocol, the decode state it reads, trees, the feature queue, the draft cache, sampling.
-from specheads.inference import kv_cache
-from specheads.inference.drafters import (
+from specheads.methods.api_decode import (
+    Calibration,
+    DecodeState,
     Drafter,
+    DraftHeads,
     DraftModelDrafter,
+    DraftRequest,
+    FeatureQueue,
+    HeadCheckpointError,
+    Proposal,
+    Readout,
+    SlotCache,
+    TreeBuffers,
+    TreeError,
+    TreeFamily,
+    TreeSpec,
+    advance,
+    base_layer_shape,
+    base_model_info,
+    chain_choices,
     chain_proposal,
     check_chain_request,
+    check_draft_map,
     check_speculative_tokens,
+    crop,
+    draft_maps,
+    keep_rows,
+    layer_kwargs,
+    load_module_state,
+    new_cache,
+    probabilities,
     requested_tree,
-)
-from specheads.inference.feature_queue import FeatureQueue
-from specheads.inference.sampling import probabilities, sample
-from specheads.inference.state import DecodeState, DraftRequest, Proposal
-from specheads.inference.trees import (
-    BlockTree,
-    DynamicTree,
-    TreeBuffers,
-    TreeFamily,
-    chain_choices,
-    dynamic_parameters,
     resolve_tree,
+    sample,
+    save_checkpoint,
+    select_draft_vocab,
+    to_device,
     tree_from_choices,
     tree_from_parents,
+    tree_step_mask,
+    vocab_size,
 )
-
-# The base: its vocabulary and the dimensions a draft layer copies from it.
-from specheads.loading import base_layer_shape, vocab_size
-from specheads.registry import ExportFormat, Readout
-
-# Training: recipe errors, the step's typed context and result, the base's features and teacher, the shared losses,
-# held-out agreement.
-from specheads.training.config import ConfigError
-from specheads.training.evaluate import RANKS, agreement_summary
-from specheads.training.features import base_output, teacher_logits
-from specheads.training.losses import (
+from specheads.methods.api_export import (
+    SAFETENSORS_WEIGHTS,
+    SPECULATORS_VERSION,
+    CheckReport,
+    EngineVerdict,
+    ExportFormat,
+    ExportResult,
+    FolderContents,
+    FolderReader,
+    check_heads,
+    config_architectures,
+    id_list,
+    install_hint,
+    llamacpp_command,
+    nonzero_bias,
+    serving_engines,
+    shape_error,
+    speculative_tokens,
+    tensor_problems,
+    unknown_tensors,
+    vllm_command,
+)
+from specheads.methods.api_train import (
+    RANKS,
+    ConfigError,
+    Evaluation,
+    StepContext,
+    StepResult,
     TeacherLogits,
+    agreement_summary,
+    base_output,
     distillation_loss,
+    draft_vocab_coverage,
+    draft_vocab_size_for_coverage,
     flat_rows,
     linear_cross_entropy,
     lm_loss,
     projected_top_k,
+    teacher_greedy,
+    teacher_logits,
 )
-from specheads.training.step import StepContext, StepResult
 
 __all__ = [
     "RANKS",
     "SAFETENSORS_WEIGHTS",
     "SPECULATORS_VERSION",
-    "BlockTree",
     "Calibration",
     "CheckReport",
     "ConfigError",
+    "Evaluation",
     "DecodeState",
     "DraftHeads",
     "DraftModelDrafter",
     "DraftRequest",
     "Drafter",
-    "DynamicTree",
     "EngineVerdict",
     "ExportFormat",
     "ExportResult",
+    "FolderContents",
+    "FolderReader",
     "FeatureQueue",
     "HeadCheckpointError",
     "Proposal",
     "Readout",
+    "SlotCache",
     "StepContext",
     "StepResult",
     "TeacherLogits",
     "TreeBuffers",
+    "TreeError",
     "TreeFamily",
+    "TreeSpec",
+    "advance",
     "agreement_summary",
     "base_layer_shape",
     "base_model_info",
@@ -131,19 +143,21 @@ __all__ = [
     "check_heads",
     "check_speculative_tokens",
     "config_architectures",
+    "crop",
     "distillation_loss",
     "draft_maps",
     "draft_vocab_coverage",
     "draft_vocab_size_for_coverage",
-    "dynamic_parameters",
     "flat_rows",
     "id_list",
     "install_hint",
-    "kv_cache",
+    "keep_rows",
+    "layer_kwargs",
     "linear_cross_entropy",
     "llamacpp_command",
     "lm_loss",
     "load_module_state",
+    "new_cache",
     "nonzero_bias",
     "probabilities",
     "projected_top_k",
@@ -155,10 +169,13 @@ __all__ = [
     "serving_engines",
     "shape_error",
     "speculative_tokens",
+    "teacher_greedy",
     "teacher_logits",
     "tensor_problems",
+    "to_device",
     "tree_from_choices",
     "tree_from_parents",
+    "tree_step_mask",
     "unknown_tensors",
     "vllm_command",
     "vocab_size",

@@ -66,7 +66,7 @@ class TrainConfig:
     steps: int | None = None  # optimizer steps; when None, epochs decide. Raised, a finished run continues
     epochs: float = 1.0
     batch_size: int = 8  # per process, per micro-batch
-    grad_accumulation: int = 1  # micro-batches per optimizer step, which follows the mean of their losses
+    grad_accumulation: int = 1  # micro-batches per optimizer step, which follows the mean loss over all their targets
     warmup_steps: int = 0  # 0 with init_from: a continued run starts at the peak lr (no re-warm)
     # cosine | linear | constant | wsd (warmup-stable-decay: warmup, the peak lr, a linear decay to zero over the
     # last decay_fraction of the steps); see specheads.training.optimizers

@@ -27,6 +27,8 @@ Guarantees:
     - Sampling (temperature > 0): each record draws its tokens from its own generator seeded from ``(seed, id)``, so
       its response does not depend on the batch size, on the other prompts, their order, ``--limit`` or on resuming
       (up to the same floating-point rounding of batched forwards, which can move a draw only at a boundary).
+    - Evaluation prompts stay out: a prompt that copies one (:mod:`specheads.contamination`) is skipped and counted
+      unless ``allow_evaluation_prompts`` (:func:`without_evaluation_prompts`).
 
 Speculation (``decoder=``, ``specheads distill --heads / --draft-model``): every batch is decoded by the batched
 speculative engine instead of transformers' ``generate``; records, resuming and the cut at stop tokens are the same.
@@ -46,7 +48,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +58,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.contamination import evaluation_index
 from specheads.inference.generation import GenerationConfig
 from specheads.inference.sampling import SamplingParams, probabilities, sample
 from specheads.loading import eos_token_ids, pad_token_id
@@ -111,6 +115,43 @@ def check_settings(
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def without_evaluation_prompts(
+    prompts: Sequence[Prompt], exclude: Sequence[str | Path] = (), log: Callable[[str], None] = logger.warning
+) -> list[Prompt]:
+    """``prompts`` without those that copy an evaluation prompt, the skipped ones counted in one line to ``log``.
+
+    A prompt copies one when any of its user texts (every turn of a conversation, the follow-ups ``all_turns``
+    asks included) shares a run of words with a prompt of :func:`specheads.contamination.evaluation_index`: the
+    installed evaluation sets, the shipped prompt files and the JSONL files ``exclude`` names.
+
+    Raises:
+        ValueError: every prompt copies an evaluation prompt.
+        FileNotFoundError: a file of ``exclude`` does not exist.
+    """
+    index = evaluation_index(exclude)
+    kept, dropped = [], Counter()
+    for prompt in prompts:
+        if prompt.conversation is None:
+            texts = [prompt.text]
+        else:
+            texts = [content for role, content in prompt.conversation if role == "user"] + list(prompt.followups)
+        source = index.match(texts)
+        if source is None:
+            kept.append(prompt)
+        else:
+            dropped[source] += 1
+    if dropped:
+        sources = ", ".join(f"{name} x{count}" for name, count in dropped.most_common())
+        log(f"{sum(dropped.values())} prompts skipped: they copy evaluation prompts ({sources}); "
+            "--allow-evaluation-prompts (allow_evaluation_prompts=True) keeps them")  # fmt: skip
+    if not kept:
+        raise ValueError(
+            "every prompt copies an evaluation set; distill other prompts, or pass --allow-evaluation-prompts "
+            "(allow_evaluation_prompts=True)"
+        )
+    return kept
 
 
 def check_unique_ids(prompts: Sequence[Prompt]) -> None:
@@ -218,8 +259,14 @@ def distill(
     decoder: SpecDecoder | None = None,
     decoder_options: Mapping[str, Any] | None = None,
     all_turns: bool = False,
+    exclude_prompts: Sequence[str | Path] = (),
+    allow_evaluation_prompts: bool = False,
 ) -> DistillResult:
     """Generate the base's own response to every prompt not yet in ``out_path`` and append the records.
+
+    Prompts that copy an evaluation prompt are skipped (counted in a warning; see
+    :func:`without_evaluation_prompts`) unless ``allow_evaluation_prompts``: heads trained on a benchmark's
+    questions measure memory, not speculation.
 
     Args:
         base_model: the base, in eval mode.
@@ -240,13 +287,22 @@ def distill(
             ...); the sampling settings, seeds and stop tokens are distill's own.
         all_turns: answer every user turn of a multi-turn (``"turns"``) prompt, each after the base's own earlier
             answers (sampled turns after the first are seeded from ``(seed, id, turn)``); False: the first turn only.
+        exclude_prompts: JSONL prompt files a prompt must not copy either, besides the installed evaluation sets and
+            the shipped prompt files.
+        allow_evaluation_prompts: distill prompts that copy an evaluation prompt too.
 
     Returns:
         A :class:`DistillResult`: records written by this call, tokens, generation time and, with a decoder, tau.
+
+    Raises:
+        ValueError: bad settings, a decoder on another model, repeated ids, or every prompt copies an evaluation
+            prompt (unless ``allow_evaluation_prompts``); nothing is written then.
     """
     params = check_settings(max_new_tokens, batch_size, temperature, top_p, top_k)
     options = _check_decoder(base_model, decoder, decoder_options)
     check_unique_ids(prompts)
+    if not allow_evaluation_prompts:
+        prompts = without_evaluation_prompts(prompts, exclude_prompts)
     out_path = Path(out_path)
     finished = read_finished(out_path)
     todo = [prompt for prompt in prompts if prompt.id not in finished]
@@ -291,6 +347,34 @@ def distill(
             result.written += len(batch)
             bar.update(len(batch))
     return result
+
+
+def speculative_decoder(
+    base_model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    heads: str | Path | None = None,
+    draft_model: str | Path | None = None,
+    base_name: str | Path | None = None,
+) -> SpecDecoder:
+    """The ``decoder`` of :func:`distill`: ``base_model`` itself with ``heads`` (a checkpoint directory of any
+    method, or ``"default"``: the heads shipped for ``base_name``) or else ``draft_model``.
+
+    Raises:
+        ValueError: Medusa-2 heads, which decode the base with their LoRA adapter merged: the data would not be the
+            base's own.
+    """
+    from specheads.heads.loading import ADAPTER_DIR, heads_path
+    from specheads.inference.decoder import SpecDecoder
+
+    if heads is None:
+        return SpecDecoder.from_pretrained(base_model, draft_model=draft_model, tokenizer=tokenizer)
+    heads = Path(heads_path(heads, base_name))
+    if (heads / ADAPTER_DIR).is_dir():
+        raise ValueError(
+            f"{heads} are Medusa-2 heads: they decode the base with their LoRA adapter merged, so the data would "
+            "not be --base's own; distill with the merged base as --base, or without --heads"
+        )
+    return SpecDecoder.from_pretrained(base_model, heads=heads, tokenizer=tokenizer)
 
 
 # The GenerationConfig fields distill sets from its own arguments (decoder_options may set the others).

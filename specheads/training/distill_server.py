@@ -49,6 +49,7 @@ from specheads.training.distill import (
     read_finished,
     turn_seed,
     turns_asked,
+    without_evaluation_prompts,
 )
 
 TRANSIENT_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -152,6 +153,8 @@ def distill_server(
     progress: bool = True,
     use_chat_template: bool = True,
     all_turns: bool = False,
+    exclude_prompts: Sequence[str | Path] = (),
+    allow_evaluation_prompts: bool = False,
 ) -> DistillResult:
     """Write the server's response to every prompt not yet in ``out_path`` (see the module docstring).
 
@@ -169,6 +172,8 @@ def distill_server(
         timeout: seconds per request.
         all_turns: answer every user turn of a multi-turn prompt, each request after the server's own earlier
             answers (one record per prompt, written once its last turn is answered); False: the first turn only.
+        exclude_prompts, allow_evaluation_prompts: prompts that copy an evaluation prompt are skipped as
+            :func:`~specheads.training.distill.distill` skips them.
 
     Returns:
         A :class:`~specheads.training.distill.DistillResult`; ``generate_time_s`` is the wall time of the requests.
@@ -179,6 +184,8 @@ def distill_server(
     if retries < 0:
         raise ValueError(f"--retries must be >= 0, got {retries}")
     check_unique_ids(prompts)
+    if not allow_evaluation_prompts:
+        prompts = without_evaluation_prompts(prompts, exclude_prompts)
     out_path = Path(out_path)
     finished = read_finished(out_path)
     todo = [prompt for prompt in prompts if prompt.id not in finished]

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from specheads.loading import vocab_size
+from specheads.registry import Evaluation
 from specheads.training.losses import projected_top_k
 
 RANKS = 10  # agreement is measured for the top-10 candidates of each head (tree calibration needs it per rank)
@@ -20,7 +21,7 @@ RANKS = 10  # agreement is measured for the top-10 candidates of each head (tree
 @torch.inference_mode()
 def head_agreement(
     base: torch.nn.Module, heads: torch.nn.Module, batches: Any, max_batches: int | None = None
-) -> dict[str, list[float] | int]:
+) -> Evaluation:
     """Per-head top-1 agreement with the base's greedy token and top-1 accuracy against the data.
 
     Args:
@@ -72,7 +73,7 @@ def head_agreement(
 
 def agreement_summary(
     agree: torch.Tensor, top5: torch.Tensor, correct: torch.Tensor, by_rank: torch.Tensor, counts: torch.Tensor
-) -> dict[str, list[float] | list[list[float]] | list[int]]:
+) -> Evaluation:
     """Counts per depth (``[D]``, ``by_rank [D, R]``) turned into the rates every head type's evaluation reports."""
     agree, top5, correct, by_rank, counts = (t.float().cpu() for t in (agree, top5, correct, by_rank, counts))
     denominator = counts.clamp_min(1)

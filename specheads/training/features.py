@@ -3,9 +3,10 @@
 Training heads on a frozen base runs the base forward on every micro-batch, again each epoch and again for every
 head type trained on the same data. The cache stores, for every training row, the base's hidden states at the
 layers the heads read (EAGLE-3's fused low/middle/high layers) and its final hidden state (what the lm_head reads:
-Medusa's input, and the targets, recomputed through the frozen lm_head instead of stored: ``V`` floats a token would
-not fit on any disk). Shards are bf16 safetensors of ``rows_per_shard`` rows each, cut to the longest real row of
-the shard.
+Medusa's input, and the targets, recomputed through the frozen lm_head and the base's own logit transform instead
+of stored: ``V`` floats a token would not fit on any disk; a base whose transform the cache does not know to
+reproduce exactly is refused, see :func:`logit_transform`). Shards are bf16 safetensors of ``rows_per_shard``
+rows each, cut to the longest real row of the shard.
 
 Layout of ``DIR``::
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from specheads.heads.checkpoint import atomic_write, fingerprint
+from specheads.training.losses import projected_top_k
 
 INDEX = "index.json"
 ROWS = "rows.json"  # the digest of every cached row, in order
@@ -107,8 +109,10 @@ def write_feature_cache(
         data_fingerprint: identifies the tokenised rows (e.g. datasets' ``Dataset._fingerprint``).
 
     Raises:
-        FeatureCacheError: the directory holds a cache of another base, other layers or other data.
+        FeatureCacheError: the directory holds a cache of another base, other layers or other data; or the base
+            transforms its logits in a way the cached teacher cannot reproduce (see :func:`logit_transform`).
     """
+    logit_transform(base)  # refused before the base runs over the data, not when training reads the cache
     directory = Path(directory)
     final_layer = int(base.config.num_hidden_layers)
     layers = sorted({*(int(layer) for layer in layers), final_layer})
@@ -282,10 +286,16 @@ def collate_padded(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tenso
 
 class CachedOutput:
     """What the train steps read from a base forward, served from a cached batch: ``hidden_states[layer]`` for the
-    cached layers and ``logits``, computed on first use through the frozen lm_head from the final hidden state."""
+    cached layers and ``logits``, computed on first use through the frozen lm_head from the final hidden state and
+    the base's own logit transform (:func:`logit_transform`: soft-capping, a logit scale), as its forward does.
+
+    Raises:
+        FeatureCacheError: the base's logits cannot be reproduced from its final hidden state.
+    """
 
     def __init__(self, base: torch.nn.Module, batch: dict[str, torch.Tensor]) -> None:
         self._base = base
+        self._transform = logit_transform(base)
         self._final = int(base.config.num_hidden_layers)
         self._hidden = {
             int(name.split(".", 1)[1]): value for name, value in batch.items() if name.startswith("hidden.")
@@ -298,7 +308,8 @@ class CachedOutput:
         if self._logits is None:
             head = self._base.get_output_embeddings()
             with torch.no_grad():
-                self._logits = head(self._hidden[self._final].to(head.weight.dtype))
+                logits = head(self._hidden[self._final].to(head.weight.dtype))  # [B, T, V]
+                self._logits = logits if self._transform is None else self._transform(logits)
         return self._logits
 
 
@@ -336,17 +347,73 @@ def base_output(base: torch.nn.Module, batch: dict[str, torch.Tensor], full_logi
     )
 
 
-# Config fields of models whose logits are not a plain linear map of the final hidden state.
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
+# Config fields of models whose logits are not a plain linear map of the final hidden state, with the values that
+# leave the logits as they are (soft-capping is off only when unset: a cap of 1.0 is tanh).
+_LOGIT_TRANSFORMS = {
+    "final_logit_softcapping": (None,),
+    "logit_scale": (None, 1.0),
+    "output_multiplier_scale": (None, 1.0),
+    "logits_scaling": (None, 1.0),
+}
+
+# The transforms transformers' causal-LM forwards apply to ``lm_head(final hidden state)``, by config field: the model
+# types whose modeling file applies exactly this (the same operations in the same order, in the logits' dtype), and
+# the operation. A field set on any other model type is a transform the feature cache does not know to reproduce.
+_EXACT_TRANSFORMS: dict[str, tuple[frozenset[str], Callable[[torch.Tensor, float], torch.Tensor]]] = {
+    # Gemma 2, Gemma 3's text model: logits / cap, tanh, * cap
+    "final_logit_softcapping": (
+        frozenset({"gemma2", "gemma3_text"}),
+        lambda logits, cap: torch.tanh(logits / cap) * cap,
+    ),
+    # Cohere, Cohere 2: logits * logit_scale
+    "logit_scale": (frozenset({"cohere", "cohere2"}), lambda logits, scale: logits * scale),
+    # Granite and its MoE variants: logits / logits_scaling
+    "logits_scaling": (
+        frozenset({"granite", "granitemoe", "granitemoeshared", "granitemoehybrid"}),
+        lambda logits, scale: logits / scale,
+    ),
+}
+
+
+def _transform_fields(base: torch.nn.Module) -> dict[str, Any]:
+    """The logit-transform fields the base's config sets to something other than the identity."""
+    config = getattr(base, "config", None)
+    return {
+        name: getattr(config, name)
+        for name, identity in _LOGIT_TRANSFORMS.items()
+        if getattr(config, name, None) not in identity
+    }
+
+
+def logit_transform(base: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What the base's forward applies to ``lm_head(final hidden state)`` to give its logits (Gemma 2's
+    soft-capping, Cohere's and Granite's logit scales), as one elementwise function; None when nothing.
+
+    Raises:
+        FeatureCacheError: the config sets a transform that is not known to be exactly this for its model type (or
+            more than one): a cached teacher would train the heads against other logits than the base's, so the
+            feature cache refuses the base.
+    """
+    fields = _transform_fields(base)
+    if not fields:
+        return None
+    model_type = getattr(getattr(base, "config", None), "model_type", None)
+    (name, value), *others = fields.items()
+    types, transform = _EXACT_TRANSFORMS.get(name, (frozenset(), None))
+    if others or model_type not in types:
+        settings = ", ".join(f"{field}={setting}" for field, setting in fields.items())
+        raise FeatureCacheError(
+            f"the feature cache cannot reproduce this base's logits ({model_type} with {settings} on top of its "
+            "lm_head); train with the base in the loop (leave data.feature_cache unset)"
+        )
+    return lambda logits: transform(logits, value)
 
 
 def projectable(base: torch.nn.Module) -> bool:
     """Whether the base's logits are ``lm_head(hidden_states[-1])`` with a plain linear ``lm_head``, so that any of
     their columns can be computed alone (no soft-capping or logit scale on top)."""
     head = base.get_output_embeddings()
-    config = getattr(base, "config", None)
-    transformed = any(getattr(config, name, None) not in (None, 1.0) for name in _LOGIT_TRANSFORMS)
-    return isinstance(head, torch.nn.Linear) and not transformed
+    return isinstance(head, torch.nn.Linear) and not _transform_fields(base)
 
 
 @torch.no_grad()
@@ -366,3 +433,18 @@ def teacher_logits(base: torch.nn.Module, out: Any, columns: torch.Tensor | None
     bias = None if head.bias is None else (head.bias if columns is None else head.bias[columns])
     hidden = out.hidden_states[len(out.hidden_states) - 1]
     return torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias)
+
+
+@torch.no_grad()
+def teacher_greedy(base: torch.nn.Module, out: Any) -> torch.Tensor:
+    """``[B, T]`` the base's greedy token after every position (the argmax of its logits there).
+
+    With a plain linear lm_head (:func:`projectable`) the logits exist a chunk of positions at a time
+    (:func:`~specheads.training.losses.projected_top_k`), never as ``[B, T, V]``; otherwise they are the output's own
+    logits, which such a base's forward (or the cached teacher) builds whole anyway.
+    """
+    if not projectable(base):
+        return out.logits.argmax(dim=-1)
+    head = base.get_output_embeddings()
+    hidden = out.hidden_states[len(out.hidden_states) - 1]
+    return projected_top_k(hidden.to(head.weight.dtype), head.weight, head.bias, 1)[..., 0]

@@ -14,8 +14,10 @@ gathers the features a drafter declares.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -24,7 +26,47 @@ from specheads.training.features import base_output
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from specheads.training.config import LoraConfig
+
+@runtime_checkable
+class JointTraining(Protocol):
+    """A method's hooks for training the base jointly with its heads, e.g. Medusa-2's LoRA adapters.
+
+    The method's registry entry names the class (``joint_training``); the trainer builds it from the recipe, calls
+    these hooks and reads none of the method's settings; the method's step reads its own settings on it
+    (:attr:`StepContext.joint`). Loading a checkpoint calls :meth:`bind`.
+
+    Attributes:
+        setting: the recipe setting that turns joint training on (``lora.enabled``), named in messages.
+    """
+
+    setting: ClassVar[str]
+
+    @classmethod
+    def from_recipe(cls, recipe: Any) -> JointTraining | None:
+        """The hooks for ``recipe`` (a ``RecipeConfig``) when it trains the base; None: the base stays frozen."""
+        ...
+
+    def prepare(self, base: torch.nn.Module) -> torch.nn.Module:
+        """The frozen base made trainable where joint training changes it (once, before the optimizer is built)."""
+        ...
+
+    def param_groups(self, base: torch.nn.Module, heads: torch.nn.Module, lr: float) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups, each with its ``lr``, over the heads and the prepared base (``lr``:
+        ``train.lr``)."""
+        ...
+
+    def original(self, base: torch.nn.Module) -> AbstractContextManager[Any]:
+        """A context in which the prepared base computes as the base it was before joint training."""
+        ...
+
+    def save(self, base: torch.nn.Module, directory: Path) -> None:
+        """Write what joint training changed of the prepared (unwrapped) base into ``directory``."""
+        ...
+
+    @staticmethod
+    def bind(directory: Path, base: torch.nn.Module) -> torch.nn.Module:
+        """The base that heads saved with ``directory`` decode with: ``base`` changed as :meth:`save` recorded."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -36,11 +78,13 @@ class StepContext:
         epoch: the epoch this micro-batch belongs to (0-based: micro-batches seen // micro-batches per epoch).
         seed: the recipe's ``train.seed`` (a method that draws at random seeds its own generators from it).
         section: the recipe's ``heads`` section, the method's own dataclass (its registry entry's ``recipe``).
-        joint: the recipe's ``lora`` section when the base trains jointly with the heads (``lora.enabled``,
-            Medusa-2; only for a method whose entry says ``joint_training``), else None: the base is frozen.
+        joint: the method's :class:`JointTraining` hooks when the base trains jointly with the heads (built by
+            its entry's ``joint_training`` from the recipe, e.g. Medusa-2's ``lora.enabled``), else None: the base
+            is frozen.
         log_metrics: this micro-batch's metrics are logged: a method computes costly metrics (top-k agreement)
             only then.
-        base: the base model, as prepared (a peft model under joint training, a sharded module under FSDP).
+        base: the base model, as prepared (by :meth:`JointTraining.prepare` under joint training, a sharded module
+            under FSDP).
         heads: the heads, as prepared: call this module for the forward (a DDP/FSDP wrapper must see it);
             :attr:`module` is the heads themselves.
         accelerator: the run's ``accelerate.Accelerator``.
@@ -50,7 +94,7 @@ class StepContext:
     epoch: int
     seed: int
     section: Any
-    joint: LoraConfig | None
+    joint: JointTraining | None
     log_metrics: bool
     base: torch.nn.Module
     heads: torch.nn.Module
@@ -95,7 +139,12 @@ class StepResult:
     Attributes:
         loss: the scalar loss to back-propagate (connected to the heads' parameters).
         metrics: named floats the trainer logs beside ``loss`` (``head_0/top1``, ``step_0/agreement``, ...).
+        weight: how many targets ``loss`` is the mean over (the count its sum is divided by): its weight in an
+            optimizer step of several micro-batches, which follows the mean over all their targets (see
+            :func:`~specheads.training.trainer.train_batch`). None: the micro-batch's next-token targets
+            (``loss_mask`` and ``attention_mask`` at positions 1 .. T - 1).
     """
 
     loss: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+    weight: float | None = None

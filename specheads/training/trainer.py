@@ -4,79 +4,80 @@ The head type (``heads.type``) comes from :mod:`specheads.registry`, which names
 loss of one micro-batch and the held-out evaluation; this module owns everything else (processes, data, optimizer,
 schedule, checkpoints, export). The loss is the method's ``train_step(context, batch) -> StepResult``
 (:mod:`specheads.training.step`): the trainer hands it a typed :class:`StepContext` per micro-batch and reads back
-the loss and the metrics; a method never sees the trainer's own state.
+the loss, the metrics and the loss's weight (its targets: an optimizer step of several micro-batches follows the mean
+over all their targets, see :func:`train_batch`); a method never sees the trainer's own state.
 
 Medusa (:mod:`specheads.methods.medusa.train`): Medusa-1 freezes the base, which runs once per batch for all heads;
-Medusa-2 (``lora.enabled``) trains peft LoRA adapters jointly with the heads under
-``L = lm_w * L_LM + sum_k w0 * decay^k * schedule * L_k``. EAGLE (:mod:`specheads.methods.eagle.train`): the base is
-frozen and in the loop; EAGLE-1 regresses features, EAGLE-3 unrolls the draft on its own outputs. Block drafters
+Medusa-2 trains the base jointly with the heads (:mod:`specheads.methods.medusa.joint`). EAGLE
+(:mod:`specheads.methods.eagle.train`): the base is frozen and in the loop; EAGLE-1 regresses features, EAGLE-3
+unrolls the draft on its own outputs. Block drafters
 (:mod:`specheads.methods.dflash.train`, DFlash and DSpark): the base is frozen and in the loop, each sequence's
 sampled anchors are drafted as blocks in one forward. Draft-LM (:mod:`specheads.methods.draft_lm.train`): a small LM
-built from the base's layers learns the base's next-token distribution (KL). Medusa-2's joint training is the one
-method-specific part that lives here (its LoRA preparation, parameter groups and adapter save, under
-``lora.enabled``).
+built from the base's layers learns the base's next-token distribution (KL). A method that can train the base
+jointly with its heads names its hooks in its registry entry (``joint_training``, a
+:class:`~specheads.training.step.JointTraining`): through them the trainer prepares the base, builds the optimizer's
+parameter groups, measures the base with and without its changes and saves those changes, reading none of the
+method's settings.
 
 Accelerate owns processes, devices, mixed precision, trackers and ``save_state``/``load_state``. A checkpoint is
 written into a hidden temporary directory and renamed into place once complete, so a crash mid-write never leaves a
 checkpoint that looks complete; the JSON files the trainer writes and the exported heads' files go through
 :func:`specheads.heads.checkpoint.atomic_write`, while ``evals.jsonl`` is appended to, one line per evaluation, and
-the LoRA adapter is written by peft's ``save_pretrained``. The last
+what joint training changed of the base is written by its ``save`` hook. The last
 step always checkpoints, and so does a run stopped by SIGINT (Ctrl-C) or SIGTERM, after finishing its current step;
 ``train.resume=auto`` continues from the newest checkpoint, and a rerun of a finished run changes nothing (raise
 ``train.steps`` to train further). Under FSDP
 (``configs/accelerate/fsdp.yaml``) the frozen base is sharded across the processes and the heads are replicated.
+
+Where the pieces live: the run's state and the names of its files in :mod:`specheads.training.run_state`; Accelerate
+and the FSDP path in :mod:`specheads.training.processes`; batching in :mod:`specheads.training.batches`; checkpoints,
+resuming and the output directory in :mod:`specheads.training.checkpoints`; held-out evaluation and
+``output.select=best`` in :mod:`specheads.training.heldout`. This module keeps ``setup -> train -> cleanup``, the
+loop and one micro-batch's step.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
-import json
 import math
-import os
 import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
+from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 
-from specheads.heads.checkpoint import (
-    CONFIG_NAME,
-    WEIGHTS_NAME,
-    HeadCheckpointError,
-    atomic_write,
-    check_base,
-    load_module_state,
-    read_checkpoint,
-)
+from specheads.heads.checkpoint import HeadCheckpointError, check_base, load_module_state, read_checkpoint
+from specheads.heads.loading import ADAPTER_DIR
 from specheads.loading import load_causal_lm, load_tokenizer
-from specheads.registry import HEAD_TYPES, HeadType
-from specheads.training.config import ConfigError, DataConfig, RecipeConfig, config_from_dict
+from specheads.registry import HEAD_TYPES
+from specheads.training.batches import LengthGroupedSampler, collate_trimmed, row_lengths
+from specheads.training.checkpoints import (
+    count_seen,
+    finished_run,
+    guard_output_dir,
+    heads_checksums,
+    latest_checkpoint,
+    resume_run,
+    save_checkpoint,
+)
+from specheads.training.config import ConfigError, RecipeConfig
 from specheads.training.data import build_dataset
-from specheads.training.evaluate import heldout_lm_loss, simulated_tau
 from specheads.training.features import CachedFeatures, collate_padded, rows_fingerprint, write_feature_cache
+from specheads.training.files import expand_data_paths
+from specheads.training.heldout import final_evaluation, periodic_evaluation
 from specheads.training.optimizers import build_optimizer, build_scheduler
-from specheads.training.step import StepContext, StepResult
-
-CHECKPOINTS = "checkpoints"
-RUN_CONFIG = "run_config.json"
-TRAINER_STATE = "trainer_state.json"
-FINAL_STATE = "final_state.json"
-HEADS = "heads"
-EVALS = "evals.jsonl"  # one line per held-out evaluation
-BEST = "best"  # output.select=best: the heads of the best evaluation so far
-BEST_RECORD = "best.json"
-TRAINING_LENGTH = ("steps", "epochs")  # train.* keys that say how long a run is, not what it is
+from specheads.training.processes import accelerator_for, check_fsdp_recipe, check_tracker, prepare_fsdp
+from specheads.training.run_state import BEST, EVALS, FINAL_STATE, HEADS, Run, write_json
+from specheads.training.step import JointTraining, StepContext, StepResult
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -91,35 +92,6 @@ class TrainingInterrupted(KeyboardInterrupt):
         where = f"checkpoint saved to {checkpoint}" if checkpoint else "no checkpoint"
         name = signal.Signals(signal_number).name
         super().__init__(f"interrupted by {name} at step {step}; {where}; run the same command again to resume")
-
-
-@dataclass
-class Run:
-    """Everything ``train`` carries between setup, the loop and cleanup."""
-
-    config: RecipeConfig
-    accelerator: Accelerator
-    base: torch.nn.Module
-    heads: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    dataloader: Any
-    total_steps: int
-    batches_per_epoch: int
-    output: Path
-    head_type: HeadType
-    step: int = 0  # optimizer steps done
-    batches_seen: int = 0  # micro-batches consumed on each process (decides the epoch and the resume position)
-    stop_signal: int | None = None  # SIGINT/SIGTERM received: stop after the current optimizer step
-    tokens_seen: int = 0  # real (unpadded) tokens of every micro-batch of every process, up to the last checkpoint
-    targets_seen: int = 0  # of which training targets (loss_mask)
-    pending: list[int] = field(default_factory=lambda: [0, 0])  # this process's tokens / targets since then
-    # the method's train_step(context, batch) -> StepResult, resolved once per run (default: the head type's)
-    train_step: Callable[[StepContext, dict[str, torch.Tensor]], StepResult] | None = None
-
-    def __post_init__(self) -> None:
-        if self.train_step is None:
-            self.train_step = self.head_type.train_step_fn()
 
 
 def train(config: RecipeConfig) -> Path:
@@ -145,42 +117,22 @@ def train(config: RecipeConfig) -> Path:
     return cleanup(run)
 
 
-def finished_run(config: RecipeConfig) -> Path | None:
-    """The exported heads of ``config``'s run if it already finished in ``output.dir``, else None.
-
-    Finished: ``output.dir`` records the same recipe (the same length included: raising ``train.steps`` continues the
-    run instead), its last export covered every step, and ``train.resume`` is ``auto``.
-    """
-    output = Path(config.output.dir)
-    if config.train.resume != "auto" or not (output / HEADS / CONFIG_NAME).is_file():
-        return None
-    try:
-        recorded = json.loads((output / RUN_CONFIG).read_text())
-        final = json.loads((output / FINAL_STATE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    current = config.to_dict()
-    if _run_identity(recorded) != _run_identity(current) or _length(recorded) != _length(current):
-        return None
-    total = final.get("total_steps", recorded.get("train", {}).get("steps"))  # older runs recorded no total_steps
-    return output / HEADS if total is not None and final.get("step") == total else None
-
-
 # ---------------------------------------------------------------------------------------------------- setup
 def setup(config: RecipeConfig) -> Run:
     output = Path(config.output.dir)
     check_tracker(config.log.tracker)
-    accelerator = _accelerator(config, output)
+    accelerator = accelerator_for(config, output)
     set_seed(config.train.seed)
-    _guard_output_dir(config, output, accelerator)
+    guard_output_dir(config, output, accelerator)
     tokenizer = load_tokenizer(config.model.tokenizer or config.model.base)
+    head_type = HEAD_TYPES[config.heads.type]
+    joint = head_type.joint_training_for(config)  # None: the base stays frozen
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     if fsdp:
-        _check_fsdp_recipe(config, accelerator)
+        check_fsdp_recipe(config, accelerator, joint)
     # Under FSDP the base stays on the CPU until prepare: FSDP moves it to the GPU one shard at a time.
     device = "cpu" if fsdp else accelerator.device
     base = load_causal_lm(config.model.base, dtype=config.model.dtype, device=device)
-    head_type = HEAD_TYPES[config.heads.type]
     with accelerator.main_process_first():
         data_config = dataclasses.replace(config.data, paths=expand_data_paths(config.data.paths))
         dataset = build_dataset(data_config, tokenizer).with_format("torch")
@@ -188,10 +140,10 @@ def setup(config: RecipeConfig) -> Run:
     if config.train.init_from:
         init_heads(heads, config.train.init_from, base, config.heads.type)
         accelerator.print(f"heads initialised from {config.train.init_from}")
-    base = _prepare_base(config, base)
+    base = _prepare_base(base, joint)
     collate, rows = collate_trimmed, dataset
     if config.data.feature_cache:
-        dataset, collate = _cached_features(config, accelerator, base, heads, dataset), collate_padded
+        dataset, collate = _cached_features(config, accelerator, base, heads, dataset, joint), collate_padded
     if config.data.group_by_length:
         # Grouped by the global batch (every process's rows of one step), so that the rows of a step, and the heads
         # trained, are the same on any number of processes with the same global batch.
@@ -204,7 +156,7 @@ def setup(config: RecipeConfig) -> Run:
     )
     if len(dataloader) == 0:
         raise ConfigError(f"the data gives {len(dataset)} rows, fewer than one batch of {config.train.batch_size}")
-    optimizer = build_optimizer(config.train, _param_groups(config, base, heads), heads)
+    optimizer = build_optimizer(config.train, _param_groups(config, base, heads, joint), heads)
     batches_per_epoch = math.ceil(len(dataloader) / accelerator.num_processes)  # per process, after prepare
     # An epoch's micro-batches left over after its last full accumulation make one more step (Accelerate syncs at the
     # end of the data loader): counted, or the last epoch would end early and never see its last rows.
@@ -213,8 +165,8 @@ def setup(config: RecipeConfig) -> Run:
     scheduler = build_scheduler(config.train, optimizer, total_steps)
     # The scheduler stays unprepared: it steps once per optimizer step whatever the number of processes.
     if fsdp:  # the frozen base is sharded across the processes (bases that do not fit one GPU)
-        base, heads, optimizer, dataloader = _prepare_fsdp(accelerator, base, heads, optimizer, dataloader)
-    elif config.lora.enabled:
+        base, heads, optimizer, dataloader = prepare_fsdp(accelerator, base, heads, optimizer, dataloader)
+    elif joint is not None:  # the base trains too
         base, heads, optimizer, dataloader = accelerator.prepare(base, heads, optimizer, dataloader)
     else:
         heads, optimizer, dataloader = accelerator.prepare(heads, optimizer, dataloader)
@@ -230,8 +182,9 @@ def setup(config: RecipeConfig) -> Run:
         batches_per_epoch,
         output,
         head_type,
+        joint=joint,
     )
-    _resume(run)
+    resume_run(run)
     if run.step == 0 and accelerator.is_main_process:  # a fresh start: no evaluation of an earlier run counts
         shutil.rmtree(output / BEST, ignore_errors=True)
         (output / EVALS).unlink(missing_ok=True)
@@ -271,12 +224,17 @@ def init_heads(heads: torch.nn.Module, directory: str | Path, base: torch.nn.Mod
 
 
 def _cached_features(
-    config: RecipeConfig, accelerator: Accelerator, base: torch.nn.Module, heads: torch.nn.Module, dataset: Any
+    config: RecipeConfig,
+    accelerator: Accelerator,
+    base: torch.nn.Module,
+    heads: torch.nn.Module,
+    dataset: Any,
+    joint: JointTraining | None,
 ) -> CachedFeatures:
     """The rows with the base's features from ``data.feature_cache``, written there first where missing (by the
     main process; the others wait and read it)."""
-    if config.lora.enabled:
-        raise ConfigError("data.feature_cache needs a frozen base; lora.enabled trains it (Medusa-2)")
+    if joint is not None:
+        raise ConfigError(f"data.feature_cache needs a frozen base; {joint.setting} trains it")
     directory = Path(config.data.feature_cache).expanduser()
     layers = getattr(heads, "hidden_state_layers", ())
     if accelerator.is_main_process:
@@ -286,240 +244,19 @@ def _cached_features(
     return CachedFeatures(directory, rows=len(dataset))
 
 
-def row_lengths(dataset: Any, chunk: int = 4096) -> list[int]:
-    """The real (attended) length of every row of a tokenised dataset."""
-    lengths: list[int] = []
-    for start in range(0, len(dataset), chunk):
-        mask = torch.as_tensor(dataset[start : start + chunk]["attention_mask"])
-        lengths.extend(mask.sum(dim=1).tolist())
-    return lengths
-
-
-class LengthGroupedSampler(torch.utils.data.Sampler):
-    """A shuffled order of rows in which every ``batch_size`` consecutive rows have similar lengths (the trainer
-    gives the global batch: accelerate deals consecutive per-process batches of one step to the processes).
-
-    Each epoch (:meth:`set_epoch`, seeded by ``seed + epoch``, so a resumed run replays it) the rows are shuffled,
-    cut into groups of ``group_batches`` batches, sorted by length within each group and cut into batches; the
-    batches are then shuffled, except a last short one, which stays last (a loader with ``drop_last`` drops it). The
-    loader cuts a batch to its longest row (:func:`collate_trimmed`), so grouping spends the step on real tokens:
-    transformers' ``group_by_length`` does the same.
-    """
-
-    def __init__(self, lengths: list[int], batch_size: int, seed: int = 0, group_batches: int = 50) -> None:
-        self.lengths, self.batch_size, self.seed, self.group = lengths, batch_size, seed, batch_size * group_batches
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.lengths), generator=generator).tolist()
-        batches = []
-        for start in range(0, len(order), self.group):
-            group = sorted(order[start : start + self.group], key=lambda index: -self.lengths[index])
-            batches += [group[i : i + self.batch_size] for i in range(0, len(group), self.batch_size)]
-        tail = [batches.pop()] if batches and len(batches[-1]) < self.batch_size else []
-        shuffled = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()] + tail
-        return iter([index for batch in shuffled for index in batch])
-
-
-def collate_trimmed(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Stack rows into a batch and cut the columns that are padding in every row.
-
-    Rows are right-padded to ``data.max_length``; chats are often much shorter, and every padded column would cost
-    a base forward and the heads' work for nothing. Padding is masked out of attention and loss, and no real
-    position attends to a later one, so cutting it changes no result.
-    """
-    batch = torch.utils.data.default_collate(rows)
-    mask = batch.get("attention_mask")
-    if mask is None or mask.dim() != 2 or mask.shape[1] == 0:
-        return batch
-    length = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else mask.shape[1]
-    if length == mask.shape[1]:
-        return batch
-    return {
-        key: value[:, :length] if isinstance(value, torch.Tensor) and value.dim() >= 2 else value
-        for key, value in batch.items()
-    }
-
-
-def _check_fsdp_recipe(config: RecipeConfig, accelerator: Accelerator) -> None:
-    """What the FSDP path does not cover yet, refused before the base is loaded (rather than a hang or a bad export)."""
-    version = accelerator.state.fsdp_plugin.fsdp_version
-    if version != 1:
-        raise ConfigError(f"fsdp_version {version}: specheads shards the base with FSDP1 (fsdp_version: 1)")
-    if config.lora.enabled:
-        raise ConfigError("lora.enabled under FSDP is not supported: use DDP (configs/accelerate/ddp.yaml)")
-    if config.data.eval_paths or config.data.heldout_fraction > 0:
-        # cleanup() evaluates on the main process alone; a sharded base forward needs every process (it would hang).
-        raise ConfigError(
-            "held-out evaluation is not supported under FSDP: set data.eval_paths=[] data.heldout_fraction=0 "
-            "and measure the exported heads with `specheads bench` or `specheads calibrate`"
-        )
-
-
-def _prepare_fsdp(
-    accelerator: Accelerator, base: torch.nn.Module, heads: torch.nn.Module, optimizer: Any, dataloader: Any
-) -> tuple[torch.nn.Module, torch.nn.Module, Any, Any]:
-    """Shard the frozen base across the processes (FULL_SHARD); keep the small heads whole on every process.
-
-    accelerate applies one FSDP plugin to every model it prepares, so the plugin is adjusted per model (FSDP1):
-
-    * heads first: they become accelerate's model 0, and FSDP checkpoints pair optimizer i with model i;
-    * heads with NO_SHARD and no auto-wrap: whole heads on every process, as under DDP, which the export, the
-      checksums and the heads' own reads of their parameters outside forward rely on;
-    * ``use_orig_params``: the optimizer was built over the heads' own parameters, which FSDP then keeps (with
-      flat parameters it would step tensors the model no longer uses); the base has no trainable parameters, so
-      any setting suits it;
-    * the base's embedding and lm_head are ignored (kept whole, moved by hand): the heads call them outside the
-      base's forward, where FSDP leaves its parameters sharded;
-    * no FSDP mixed-precision policy: the base keeps its loaded dtype and fp32 buffers (RoPE), the heads compute
-      under accelerate's autocast with fp32 weights and gradients, as under DDP.
-    """
-    from torch.distributed.fsdp import ShardingStrategy
-
-    plugin = accelerator.state.fsdp_plugin
-    base_strategy, base_wrap = plugin.sharding_strategy, plugin.auto_wrap_policy
-    plugin.use_orig_params, plugin.mixed_precision_policy = True, None
-    plugin.sharding_strategy, plugin.auto_wrap_policy, plugin.ignored_modules = ShardingStrategy.NO_SHARD, None, None
-    heads, optimizer, dataloader = accelerator.prepare(heads, optimizer, dataloader)
-    shared = [base.get_input_embeddings(), base.get_output_embeddings()]
-    shared = [module.to(accelerator.device) for module in shared if module is not None]
-    plugin.sharding_strategy, plugin.auto_wrap_policy, plugin.ignored_modules = base_strategy, base_wrap, shared
-    base = accelerator.prepare(base)
-    return base, heads, optimizer, dataloader
-
-
-def eval_data(config: DataConfig) -> DataConfig:
-    """The data settings that read ``config.eval_paths``: all of their records (no held-out split, no ``limit``),
-    screened as the training data is except for ``exclude_prompts``, the list that keeps training chats away from
-    these very prompts. Source files (``format: code``) are chosen afresh: the training corpus's manifest (and the
-    feature cache it defaults into) lists the training files, not these."""
-    return dataclasses.replace(
-        config,
-        paths=expand_data_paths(config.eval_paths),
-        heldout_fraction=0.0,
-        limit=None,
-        exclude_prompts=[],
-        manifest=None,
-        feature_cache=None,
-    )
-
-
-def expand_data_paths(paths: list[str]) -> list[str]:
-    """Replace ``default-corpus:train`` / ``default-corpus:heldout`` by the embedded default model's corpus files."""
-    expanded = []
-    for path in paths:
-        if path.startswith("default-corpus:"):
-            from specheads.assets import corpus
-
-            split = path.split(":", 1)[1]
-            if split not in ("train", "heldout"):
-                raise ConfigError(f"data path {path!r}: use default-corpus:train or default-corpus:heldout")
-            loaded = corpus.load_corpus()
-            expanded.extend(str(Path(loaded.root) / item.relpath) for item in getattr(loaded, split))
-        else:
-            expanded.append(path)
-    return expanded
-
-
-def check_tracker(tracker: str) -> None:
-    """Refuse a ``log.tracker`` whose package is missing, before anything loads (Accelerate would only warn).
-
-    Availability is Accelerate's own test (``accelerate.utils.is_<tracker>_available``), the one it applies itself.
-    """
-    if tracker == "none":
-        return
-    import accelerate.utils
-
-    if not getattr(accelerate.utils, f"is_{tracker}_available")():
-        raise ConfigError(f"log.tracker {tracker!r} needs the {tracker} package: pip install {tracker}")
-
-
-def _accelerator(config: RecipeConfig, output: Path) -> Accelerator:
-    tracker = None if config.log.tracker == "none" else config.log.tracker
-    if tracker == "wandb" and not os.environ.get("WANDB_API_KEY"):
-        os.environ.setdefault("WANDB_MODE", "offline")  # no key: log locally, sync later with `wandb sync`
-    mixed = mixed_precision(config)
-    # Accelerate keeps its mixed-precision setting in a process-wide singleton that refuses a change; a second run in
-    # this process (a library user, a learning-curve script) may want another one. The process group is kept.
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=False)
-    accelerator = Accelerator(
-        cpu=not torch.cuda.is_available(),  # without it, CPU processes under `accelerate launch` train alone
-        gradient_accumulation_steps=config.train.grad_accumulation,
-        # Shuffling seeded by (seed, epoch): a resumed run sees exactly the batches an uninterrupted one would.
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.train.seed),
-        mixed_precision=mixed,
-        log_with=tracker,
-        project_dir=str(output),
-    )
-    if tracker is not None:
-        accelerator.init_trackers(
-            config.log.project,
-            config=_flatten(config.to_dict()),
-            init_kwargs={"wandb": {"name": config.log.run_name}} if tracker == "wandb" else {},
-        )
-    return accelerator
-
-
-def mixed_precision(config: RecipeConfig) -> str:
-    """Accelerate's ``mixed_precision`` for a recipe (``train.mixed_precision``; see its comment in the config).
-
-    ``auto``: the base's reduced dtype on a GPU; ``bf16`` on a CPU when the base runs in bf16 (``model.dtype``) and
-    the CPU has native bf16 products (measured on this project's CPU, an EAGLE-3-sized forward and backward over
-    4,096 tokens: 1,729 ms in float32, 1,057 ms under bf16 autocast); ``no`` otherwise.
-    """
-    from specheads.loading import cpu_has_native_bf16
-
-    wanted = config.train.mixed_precision
-    if wanted != "auto":
-        return wanted
-    dtype = config.model.dtype
-    if dtype == "auto":  # what loading will choose for this base (bf16 for a quantized GGUF on a bf16 CPU)
-        from specheads import assets
-        from specheads.loading import resolve_dtype
-
-        resolved = resolve_dtype(
-            assets.resolve(config.model.base), "auto", "cuda" if torch.cuda.is_available() else None
-        )
-        dtype = str(resolved).removeprefix("torch.")
-    reduced = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, "no")
-    if torch.cuda.is_available():
-        return reduced
-    return "bf16" if reduced == "bf16" and cpu_has_native_bf16() else "no"
-
-
-def _prepare_base(config: RecipeConfig, base: torch.nn.Module) -> torch.nn.Module:
+def _prepare_base(base: torch.nn.Module, joint: JointTraining | None) -> torch.nn.Module:
+    """The base frozen, in eval mode; under joint training, as the method's ``prepare`` hook makes it trainable."""
     base.requires_grad_(False)
-    if not config.lora.enabled:
-        return base.eval()
-    from peft import LoraConfig, get_peft_model
-
-    targets = config.lora.target_modules
-    lora = LoraConfig(
-        r=config.lora.r,
-        lora_alpha=config.lora.alpha,
-        lora_dropout=config.lora.dropout,
-        target_modules=targets,
-        task_type="CAUSAL_LM",
-        modules_to_save=None if not config.lora.include_lm_head else ["lm_head"],
-    )
-    return get_peft_model(base, lora)
+    return base.eval() if joint is None else joint.prepare(base)
 
 
-def _param_groups(config: RecipeConfig, base: torch.nn.Module, heads: torch.nn.Module) -> list[dict[str, Any]]:
-    head_lr = config.train.lr * (config.train.heads_lr_multiplier if config.lora.enabled else 1.0)
-    groups = [{"params": [p for p in heads.parameters() if p.requires_grad], "lr": head_lr}]
-    if config.lora.enabled:
-        groups.append({"params": [p for p in base.parameters() if p.requires_grad], "lr": config.train.lr})
-    return groups
+def _param_groups(
+    config: RecipeConfig, base: torch.nn.Module, heads: torch.nn.Module, joint: JointTraining | None
+) -> list[dict[str, Any]]:
+    """The heads' trainable parameters at ``train.lr``; under joint training, the method's groups."""
+    if joint is not None:
+        return joint.param_groups(base, heads, config.train.lr)
+    return [{"params": [p for p in heads.parameters() if p.requires_grad], "lr": config.train.lr}]
 
 
 # ---------------------------------------------------------------------------------------------------- the loop
@@ -532,7 +269,7 @@ def train_loop(run: Run) -> None:
     config, accelerator = run.config, run.accelerator
     progress = tqdm(total=run.total_steps, initial=run.step, desc="train", disable=not accelerator.is_main_process)
     started, tokens, stopping = time.perf_counter(), 0, False
-    models = (run.heads, run.base) if config.lora.enabled else (run.heads,)
+    models = (run.heads, run.base) if run.joint is not None else (run.heads,)
     while run.step < run.total_steps and not stopping:
         epoch, consumed = divmod(run.batches_seen, run.batches_per_epoch)
         run.dataloader.set_epoch(epoch)
@@ -619,7 +356,7 @@ def step_context(run: Run, log_metrics: bool) -> StepContext:
         epoch=run.batches_seen // max(run.batches_per_epoch, 1),
         seed=config.train.seed,
         section=config.heads,
-        joint=config.lora if config.lora.enabled else None,
+        joint=run.joint,
         log_metrics=log_metrics,
         base=run.base,
         heads=run.heads,
@@ -632,16 +369,21 @@ def train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     its backward and, at the end of an accumulation, the clipped optimizer step. Returns ``loss`` and the method's
     metrics (its costly ones only on steps that log, ``log.every`` and the last).
 
-    Accumulation (``train.grad_accumulation`` = N): Accelerate's backward divides every micro-batch's loss by N, so a
-    step of N micro-batches follows the gradient of the mean of their losses. An epoch's micro-batches left over
-    after its last full accumulation (fewer than N) make a step of their own at the epoch's end, each loss still
-    divided by N (the step's gradient is that of their summed losses over N: a missing micro-batch counts as a zero
-    loss)."""
+    Accumulation (``train.grad_accumulation`` = N) weighs targets, not micro-batches: an optimizer step follows the
+    gradient of the mean loss over every target of its micro-batches, on every process, so that with length-grouped
+    batches a short micro-batch weighs less than a long one. Each micro-batch's loss is the mean over its
+    ``StepResult.weight`` targets; it is back-propagated times that weight, and at the end of the accumulation the
+    summed gradients are divided by the targets of all the step's micro-batches (:func:`_average_over_targets`).
+    Micro-batches of 10 and 100 targets thus step with the gradient of the mean over their 110 targets; the
+    micro-batches left over after an epoch's last full accumulation (fewer than N) make a step of their own at the
+    epoch's end, with the mean over their own targets. A step of one micro-batch on one process (N = 1) steps with
+    its loss's own gradient, untouched."""
     log_metrics = (run.step + 1) % run.config.log.every == 0 or run.step + 1 == run.total_steps
     result = run.train_step(step_context(run, log_metrics), batch)
-    loss = result.loss
+    loss = _weighted(run, result, batch)
     run.accelerator.backward(loss)
     if run.accelerator.sync_gradients:
+        _average_over_targets(run)
         run.accelerator.clip_grad_norm_(
             [p for g in run.optimizer.param_groups for p in g["params"]], run.config.train.max_grad_norm
         )
@@ -649,161 +391,54 @@ def train_batch(run: Run, batch: dict[str, torch.Tensor]) -> dict[str, float]:
     if run.accelerator.sync_gradients:
         run.scheduler.step()
     run.optimizer.zero_grad()
-    return {"loss": float(loss.detach()), **result.metrics}
+    return {"loss": float(result.loss.detach()), **result.metrics}
 
 
-# ---------------------------------------------------------------------------------------------------- checkpoints
-def save_checkpoint(run: Run) -> Path:
-    """``save_state`` into ``.tmp-step-N``, then rename to ``step-N``: a visible checkpoint is always complete."""
+def _weighs_targets(run: Run) -> bool:
+    """Whether an optimizer step holds several micro-batches (accumulated, or on several processes)."""
+    return run.accelerator.gradient_accumulation_steps * run.accelerator.num_processes > 1
+
+
+def _weighted(run: Run, result: StepResult, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The micro-batch's loss times its targets (``result.weight``, by default its next-token targets), which are
+    added to this process's targets of the step; the loss as it is when the step has no other micro-batch."""
+    if not _weighs_targets(run):
+        return result.loss
+    weight = result.weight
+    if weight is None:
+        weight = (batch["loss_mask"] * batch["attention_mask"])[:, 1:].sum()
+    weight = float(weight)
+    run.step_weight += weight
+    return result.loss * weight
+
+
+def _average_over_targets(run: Run) -> None:
+    """At the end of an accumulation, make the summed gradients those of the mean over the step's targets.
+
+    The heads' gradients are then ``sum_i weight_i * grad(loss_i) / N`` on each process (Accelerate's backward
+    divides by N), averaged over the P processes (DDP); times ``N * P / W``, with ``W`` the targets of the step's
+    micro-batches on every process (one all-reduce of a number when P > 1), they are ``sum_i weight_i *
+    grad(loss_i) / W``. A step without any target leaves its (zero) gradients as they are.
+    """
+    if not _weighs_targets(run):
+        return
     accelerator = run.accelerator
-    root = run.output / CHECKPOINTS
-    final, temporary = root / f"step-{run.step:08d}", root / f".tmp-step-{run.step:08d}"
-    if accelerator.is_main_process:
-        shutil.rmtree(temporary, ignore_errors=True)
-        temporary.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(temporary))
-    checksums = heads_checksums(run)
-    _count_seen(run)
-    if accelerator.is_main_process:
-        state = {
-            "step": run.step,
-            "batches_seen": run.batches_seen,
-            "tokens_seen": run.tokens_seen,
-            "targets_seen": run.targets_seen,
-            "scheduler": run.scheduler.state_dict(),
-            "world_size": accelerator.num_processes,
-            "heads_checksum_by_rank": checksums,
-        }
-        _write_json(temporary / TRAINER_STATE, state, indent=None)
-        _write_json(temporary / RUN_CONFIG, run.config.to_dict())
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(temporary, final)
-        for old in sorted(root.glob("step-*"))[: -run.config.output.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return final
-
-
-def _count_seen(run: Run) -> None:
-    """Add every process's tokens since the last checkpoint to the run's totals (collective: all ranks call it)."""
-    pending = torch.tensor(run.pending, dtype=torch.long, device=run.accelerator.device)
-    if run.accelerator.num_processes > 1:
-        pending = run.accelerator.reduce(pending, reduction="sum")
-    run.tokens_seen += int(pending[0])
-    run.targets_seen += int(pending[1])
-    run.pending = [0, 0]
-
-
-def _write_json(path: Path, value: Any, indent: int | None = 2) -> None:
-    text = json.dumps(value, indent=indent) + "\n"
-    atomic_write(path, lambda temporary: temporary.write_text(text))
-
-
-def heads_checksums(run: Run) -> list[float]:
-    """A checksum of the heads' parameters on every process (they must agree: a desync shows here)."""
-    heads = run.accelerator.unwrap_model(run.heads)
-    local = torch.stack([p.detach().double().sum() for p in heads.parameters()]).sum()
-    return run.accelerator.gather(local.reshape(1).to(run.accelerator.device)).tolist()
-
-
-def latest_checkpoint(output: Path) -> Path | None:
-    """The newest complete checkpoint (temporary directories are never considered)."""
-    candidates = sorted(p for p in (output / CHECKPOINTS).glob("step-*") if (p / TRAINER_STATE).is_file())
-    return candidates[-1] if candidates else None
-
-
-def _resume(run: Run) -> None:
-    resume = run.config.train.resume
-    if resume == "never":
-        return
-    checkpoint = latest_checkpoint(run.output) if resume == "auto" else Path(resume)
-    if checkpoint is None:
-        return
-    if not (checkpoint / TRAINER_STATE).is_file():
-        raise ConfigError(f"train.resume={resume}: {checkpoint} is not a complete specheads checkpoint")
-    state = json.loads((checkpoint / TRAINER_STATE).read_text())
-    if state["step"] > run.total_steps:
-        raise ConfigError(
-            f"{checkpoint} is at step {state['step']}, past this recipe's {run.total_steps} steps: raise train.steps, "
-            "choose another output.dir, or set train.resume=never train.overwrite=true to start over"
-        )
-    run.accelerator.load_state(str(checkpoint))
-    run.step, run.batches_seen = state["step"], state["batches_seen"]
-    run.tokens_seen, run.targets_seen = state.get("tokens_seen", 0), state.get("targets_seen", 0)
-    run.scheduler.load_state_dict(state["scheduler"])
-    run.accelerator.print(f"resumed from {checkpoint} at step {run.step}")
-
-
-def _guard_output_dir(config: RecipeConfig, output: Path, accelerator: Accelerator) -> None:
-    """Refuse an output directory that holds another run (or checkpoints not to resume), unless told to overwrite.
-
-    The same run with another length (``train.steps``, ``train.epochs``) is the same run: it continues. A recorded
-    run that left nothing behind (it failed before its first checkpoint) never blocks the directory.
-    """
-    recorded = output / RUN_CONFIG
-    conflict = None
-    if recorded.is_file():
-        previous = json.loads(recorded.read_text())
-        if _run_identity(previous) != _run_identity(config.to_dict()):
-            if _has_results(output):
-                conflict = f"{output} holds a different run (its {RUN_CONFIG} differs); choose another output.dir"
-        elif config.train.resume == "never" and latest_checkpoint(output) is not None:
-            conflict = f"{output} holds checkpoints and train.resume=never; set train.resume=auto to continue"
-        elif config.train.resume == "auto" and config.train.steps is not None:
-            _check_not_past(output, config.train.steps)
-    if conflict and not config.train.overwrite:
-        raise ConfigError(f"{conflict} or set train.overwrite=true to start over")
-    if conflict and accelerator.is_main_process:
-        shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        output.mkdir(parents=True, exist_ok=True)
-        (output / FINAL_STATE).unlink(missing_ok=True)  # training again: finished only once exported again
-        _write_json(recorded, config.to_dict())
-
-
-def _has_results(output: Path) -> bool:
-    """Whether a run left anything to protect: a checkpoint or exported heads."""
-    return latest_checkpoint(output) is not None or (output / HEADS).exists() or (output / FINAL_STATE).exists()
-
-
-def _check_not_past(output: Path, steps: int) -> None:
-    """Refuse, before anything loads, a rerun shorter than the checkpoint it would resume (``_resume`` checks again)."""
-    checkpoint = latest_checkpoint(output)
-    if checkpoint is not None:
-        done = json.loads((checkpoint / TRAINER_STATE).read_text())["step"]
-        if done > steps:
-            raise ConfigError(
-                f"{output} already trained {done} steps, more than train.steps={steps}: raise train.steps, choose "
-                "another output.dir, or set train.resume=never train.overwrite=true to start over"
-            )
-
-
-def _run_identity(config: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a recipe that define a run: not its length, how often it logs or saves, or whether it resumes.
-
-    A recorded recipe is read back through the config classes first, so a setting added since it was recorded counts
-    at its default (which keeps the old behaviour) rather than making the run another one.
-    """
-    with contextlib.suppress(ConfigError, TypeError, ValueError):  # settings since removed: compared as recorded
-        config = config_from_dict(config).to_dict()
-    identity = json.loads(json.dumps(config))
-    for key in ("resume", "overwrite", "max_minutes", *TRAINING_LENGTH):
-        identity.get("train", {}).pop(key, None)
-    identity.pop("log", None)
-    identity.get("output", {}).pop("save_every", None)
-    identity.get("output", {}).pop("keep_last", None)
-    return identity
-
-
-def _length(config: dict[str, Any]) -> dict[str, Any]:
-    return {key: config.get("train", {}).get(key) for key in TRAINING_LENGTH}
+    total = torch.tensor(run.step_weight, dtype=torch.float64, device=accelerator.device)
+    if accelerator.num_processes > 1:
+        total = accelerator.reduce(total, reduction="sum")
+    run.step_weight = 0.0
+    if float(total) > 0:
+        scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / float(total)
+        for group in run.optimizer.param_groups:
+            for parameter in group["params"]:
+                if parameter.grad is not None:
+                    parameter.grad.mul_(scale)
 
 
 # ---------------------------------------------------------------------------------------------------- cleanup
 def cleanup(run: Run) -> Path:
-    """Export the final heads (and the LoRA adapter) in the native format; close the trackers.
+    """Export the final heads (and, under joint training, the base's changes in ``heads/adapter``) in the native
+    format, evaluate them (:func:`~specheads.training.heldout.final_evaluation`); close the trackers.
 
     ``final_state.json`` is written last: it marks the run finished (see :func:`finished_run`).
     """
@@ -811,45 +446,14 @@ def cleanup(run: Run) -> Path:
     accelerator.wait_for_everyone()
     target = run.output / HEADS
     checksums = heads_checksums(run)
-    _count_seen(run)
+    count_seen(run)
     if accelerator.is_main_process:
         heads = accelerator.unwrap_model(run.heads)
         heads.save_pretrained(target)
-        if run.config.lora.enabled:
-            accelerator.unwrap_model(run.base).save_pretrained(str(target / "adapter"))
-        _write_json(target / "recipe.json", run.config.to_dict())
-        evaluation = evaluate(run, accelerator.unwrap_model(run.heads))
-        if evaluation is not None:
-            record = _evaluation_record(run, evaluation)
-            with (run.output / EVALS).open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
-            if run.config.output.select == "best" and not _better_than_best(run, record):
-                best = run.output / BEST
-                kept = json.loads((best / BEST_RECORD).read_text())
-                accelerator.print(
-                    f"output.select=best: the heads of step {kept['step']} ({run.config.output.select_by} "
-                    f"{_score(run, kept):.3f}) beat the last step's ({_score(run, record):.3f}); exporting them"
-                )
-                for name in (WEIGHTS_NAME, CONFIG_NAME):
-                    atomic_write(target / name, lambda path, source=best / name: shutil.copyfile(source, path))
-                evaluation, record = json.loads((best / "eval.json").read_text()), kept
-            evaluation["selected"] = {"step": record["step"], "rule": run.config.output.select}
-            if run.config.output.select == "best":
-                evaluation["selected"]["by"] = run.config.output.select_by
-            _write_json(target / "eval.json", evaluation)
-            accelerator.print(
-                "held-out agreement with the base's greedy token by head: "
-                + ", ".join(f"{a:.3f}" for a in evaluation["agreement_with_base_greedy"])
-            )
-            if "simulated_tau" in evaluation:
-                accelerator.print(
-                    "simulated tau (held-out agreement through the tree cost model): "
-                    + ", ".join(f"{name} {tau:.2f}" for name, tau in evaluation["simulated_tau"].items())
-                )
-            accelerator.log(
-                {f"eval/head_{k}/agreement": a for k, a in enumerate(evaluation["agreement_with_base_greedy"])},
-                step=run.step,
-            )
+        if run.joint is not None:
+            run.joint.save(accelerator.unwrap_model(run.base), target / ADAPTER_DIR)
+        write_json(target / "recipe.json", run.config.to_dict())
+        final_evaluation(run, target)
         summary = {
             "step": run.step,
             "total_steps": run.total_steps,
@@ -858,7 +462,7 @@ def cleanup(run: Run) -> Path:
             "world_size": accelerator.num_processes,
             "heads_checksum_by_rank": checksums,
         }
-        _write_json(run.output / FINAL_STATE, summary, indent=None)
+        write_json(run.output / FINAL_STATE, summary, indent=None)
     _close(run)
     return target
 
@@ -882,117 +486,3 @@ def _release_wrappers(run: Run) -> None:
     run.accelerator.free_memory()  # drops accelerate's own references to the prepared objects
     gc.collect()
     run.accelerator.wait_for_everyone()
-
-
-def periodic_evaluation(run: Run) -> dict[str, Any] | None:
-    """Evaluate the heads now (main process; the others wait), append the result to ``evals.jsonl``, log it and, with
-    ``output.select=best``, keep these heads in ``best/`` when they beat every earlier evaluation."""
-    accelerator = run.accelerator
-    result = None
-    if accelerator.is_main_process:
-        heads = accelerator.unwrap_model(run.heads)
-        result = evaluate(run, heads)
-        if result is not None:
-            record = _evaluation_record(run, result)
-            with (run.output / EVALS).open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
-            accelerator.log(_evaluation_metrics(record), step=run.step)
-            if run.config.output.select == "best" and _better_than_best(run, record):
-                _keep_best(run, heads, result, record)
-    accelerator.wait_for_everyone()
-    return result
-
-
-def _evaluation_record(run: Run, result: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "step": run.step,
-        "epoch": round(run.batches_seen / run.batches_per_epoch, 3),
-        "tokens_seen": run.tokens_seen + run.pending[0] * run.accelerator.num_processes,
-        "agreement_with_base_greedy": result["agreement_with_base_greedy"],
-        "simulated_tau": result.get("simulated_tau"),
-    }
-
-
-def _evaluation_metrics(record: dict[str, Any]) -> dict[str, float]:
-    metrics = {f"eval/head_{k}/agreement": a for k, a in enumerate(record["agreement_with_base_greedy"])}
-    metrics.update({f"eval/tau_{name}": tau for name, tau in (record.get("simulated_tau") or {}).items()})
-    return metrics
-
-
-def _score(run: Run, record: dict[str, Any]) -> float:
-    tau = record.get("simulated_tau") or {}
-    return float(tau.get(run.config.output.select_by, -1.0))
-
-
-def _better_than_best(run: Run, record: dict[str, Any]) -> bool:
-    best = run.output / BEST / BEST_RECORD
-    return not best.is_file() or _score(run, record) > _score(run, json.loads(best.read_text()))
-
-
-def _keep_best(run: Run, heads: torch.nn.Module, result: dict[str, Any], record: dict[str, Any]) -> None:
-    """Save ``heads`` as ``best/`` whole or not at all (a temporary folder renamed over the old one)."""
-    target, staging = run.output / BEST, run.output / f".tmp-{BEST}"
-    shutil.rmtree(staging, ignore_errors=True)
-    heads.save_pretrained(staging)
-    _write_json(staging / "eval.json", result)
-    _write_json(staging / BEST_RECORD, record)
-    previous = run.output / f".old-{BEST}"
-    shutil.rmtree(previous, ignore_errors=True)
-    if target.exists():
-        os.replace(target, previous)
-    os.replace(staging, target)
-    shutil.rmtree(previous, ignore_errors=True)
-
-
-def evaluate(run: Run, heads: torch.nn.Module) -> dict[str, Any] | None:
-    """Held-out head agreement (``data.eval_paths`` or the ``data.heldout_fraction`` split); None without either."""
-    config = run.config.data
-    if not config.eval_paths and config.heldout_fraction <= 0:
-        return None
-    tokenizer = load_tokenizer(run.config.model.tokenizer or run.config.model.base)
-    if config.eval_paths:
-        dataset = build_dataset(eval_data(config), tokenizer)
-    else:
-        dataset = build_dataset(
-            dataclasses.replace(config, paths=expand_data_paths(config.paths)), tokenizer, split="heldout"
-        )
-    loader = torch.utils.data.DataLoader(
-        dataset.with_format("torch"), batch_size=run.config.train.batch_size, collate_fn=collate_trimmed
-    )
-    device = run.accelerator.device
-
-    total = min(len(loader), config.eval_batches) if config.eval_batches else len(loader)
-
-    def batches(desc: str = "evaluate") -> Any:
-        bar = tqdm(loader, total=total, desc=desc, disable=not run.accelerator.is_main_process, leave=False)
-        return ({key: value.to(device) for key, value in batch.items()} for batch in bar)
-
-    base = run.accelerator.unwrap_model(run.base)
-    was_training, base_was_training = heads.training, base.training
-    heads.eval()
-    base.eval()
-    run.accelerator.print(f"held-out evaluation: {total} batches of {run.config.train.batch_size} rows")
-    result = run.head_type.evaluate_fn()(base, heads, batches(), max_batches=config.eval_batches)
-    if "agreement_by_rank" in result:
-        result["simulated_tau"] = simulated_tau(result["agreement_by_rank"])
-    if run.config.lora.enabled:  # what Medusa-2 costs the base: held-out loss with and without the adapter
-        result["base_heldout_loss_fine_tuned"] = heldout_lm_loss(base, batches("base loss"), config.eval_batches)
-        with base.disable_adapter():
-            result["base_heldout_loss_original"] = heldout_lm_loss(
-                base, batches("base loss, no adapter"), config.eval_batches
-            )
-    heads.train(was_training)
-    base.train(base_was_training)
-    return result
-
-
-def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = (
-                value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
-            )
-    return flat

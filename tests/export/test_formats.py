@@ -353,7 +353,7 @@ def test_serve_commands_name_local_folders_by_absolute_path(tmp_path, monkeypatc
 def test_sglang_tree_flags_come_from_the_calibrated_eagle2_tree(base, trained, tmp_path) -> None:
     head = trained["eagle3"]
     default = export_heads(head, tmp_path / "plain", "eagle3", base_model=base, base_name="org/base")
-    head.calibration = Calibration([[0]], dynamic={"top_k": 3, "depth": 5, "total_tokens": 11})
+    head.calibration = Calibration([[0]], record={"dynamic": {"top_k": 3, "depth": 5, "total_tokens": 11}})
     try:
         calibrated = export_heads(head, tmp_path / "calibrated", "eagle3", base_model=base, base_name="org/base")
     finally:

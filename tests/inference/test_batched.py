@@ -152,7 +152,6 @@ class _CacheChecker(Drafter):
     def __init__(self, base, drafter) -> None:
         self.base, self.drafter = base, drafter
         self.name, self.hidden_state_layers = drafter.name, drafter.hidden_state_layers
-        self.dynamic = drafter.dynamic
         self.buffers: list[int] | None = None
         self.checks = 0
         for hook in ("check_request", "resolve", "max_nodes", "gives_draft_probs", "reset", "propose", "keep_rows"):

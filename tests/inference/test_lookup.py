@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
+from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,13 +15,23 @@ from helpers import (
     base_samples,
     greedy_reference,
     tiny_model,
+    tiny_tokenizer,
     train_eagle_head,
     train_medusa_heads,
 )
 
 from specheads import SpecDecoder
 from specheads.inference.drafters import DraftModelDrafter, NoDrafter
-from specheads.inference.lookup import PromptLookup, SuffixIndex, WithLookup, merge, path_on_tree
+from specheads.inference.lookup import (
+    CorpusIndex,
+    PromptLookup,
+    SuffixIndex,
+    WithLookup,
+    combined_matches,
+    merge,
+    path_on_tree,
+    read_corpus,
+)
 from specheads.inference.state import Proposal
 from specheads.inference.trees import resolve_tree, tree_from_parents
 from specheads.methods.dflash.drafter import DFlashDrafter
@@ -351,3 +364,155 @@ def test_hybrid_trees_sample_the_base_distribution(sharp_base, kind: str) -> Non
     # lookup branches were both accepted and rejected
     accepted = sum(sum(out.stats.accepted_drafts) for out in outs)
     assert SAMPLES // 10 < accepted < 2 * SAMPLES
+
+
+# ---------------------------------------------------------------------------------------------------- the corpus
+
+
+def test_a_corpus_match_proposes_its_most_frequent_continuation_within_one_text() -> None:
+    settings = PromptLookup(max_ngram=4, min_ngram=1, candidates=2, tokens_by_match=(0, 3))
+    # "2 3" is followed by 4 once and by 5 twice (then 6 once: the text [9, 2, 3, 5] ends after its 5); the
+    # final "2 3" is followed by nothing
+    texts = [[1, 2, 3, 4], [9, 2, 3, 5], [7, 2, 3, 5, 6], [2, 3]]
+    index = CorpusIndex(texts, settings)
+    assert index.lookup([8, 2, 3], limit=5) == [(2, [5, 6]), (2, [4])]
+    # the longer match "1 2 3" first, then the shorter one's most frequent path
+    assert index.lookup([1, 2, 3], limit=5) == [(3, [4]), (2, [5, 6])]
+    assert index.lookup([8, 2, 3], limit=1) == [(2, [5]), (2, [4])]
+    assert index.lookup([8, 8], limit=5) == []
+    assert index.lookup([2, 3, 1000], limit=5) == []  # a token beyond the corpus's largest
+    assert index.tokens == 15
+
+
+def _corpus_reference(texts, settings, context, limit):  # noqa: ANN001, ANN202
+    """What :class:`CorpusIndex` finds, by enumerating every occurrence of each suffix of ``context`` (followed in
+    its text by a token) and taking their most frequent paths as the class describes."""
+    found, seen = [], set()
+    for size in range(min(settings.max_ngram, len(context)), settings.min_ngram - 1, -1):
+        length = min(settings.tokens_for(size), limit)
+        suffix = list(context[len(context) - size :])
+        rows = [
+            text[start + size : start + size + length]
+            for text in texts
+            for start in range(len(text) - size)
+            if text[start : start + size] == suffix
+        ]
+        while length > 0 and rows and len(found) < settings.candidates:
+            path, following = [], rows
+            for depth in range(length):
+                column = Counter(row[depth] for row in following if len(row) > depth)
+                if not column:
+                    break
+                path.append(min(column, key=lambda token: (-column[token], token)))
+                following = [row for row in following if len(row) > depth and row[depth] == path[-1]]
+            if tuple(path) not in seen:
+                seen.add(tuple(path))
+                found.append((size, path))
+            rows = [row for row in rows if row[0] != path[0]]
+    return found
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_corpus_index_finds_what_enumerating_every_occurrence_finds(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    settings = PromptLookup(max_ngram=5, min_ngram=2, candidates=3, tokens_by_match=(0, 0, 2, 3, 4))
+    # Five token ids, so that n-grams recur (each fewer times than CORPUS_SAMPLE: no sampling); large ones for odd
+    # seeds, so that fewer than max_ngram of them fit one packed key
+    scale = 1 if seed % 2 == 0 else 100_003
+    texts = [(scale * torch.randint(0, 5, (int(n),), generator=generator)).tolist() for n in torch.randint(1, 30, (8,))]
+    index = CorpusIndex(texts, settings)
+    assert (index._packed < settings.max_ngram) == (scale > 1)
+    for _ in range(40):
+        context = torch.randint(0, 5, (int(torch.randint(1, 9, (1,), generator=generator)),), generator=generator)
+        context = (scale * context).tolist()
+        for limit in (1, 3):
+            assert index.lookup(context, limit) == _corpus_reference(texts, settings, context, limit), (context, limit)
+
+
+def test_at_equal_length_the_rows_own_continuation_comes_first() -> None:
+    own = [(3, [1, 2]), (2, [7])]
+    corpus = [(4, [9]), (3, [5, 6]), (3, [1, 2])]
+    assert combined_matches(own, corpus, 3) == [(4, [9]), (3, [1, 2]), (3, [5, 6])]
+    assert combined_matches(own, [(2, [8])], 3) == [(3, [1, 2]), (2, [7]), (2, [8])]
+    assert combined_matches([], corpus, 2) == [(4, [9]), (3, [5, 6])]
+
+
+def test_read_corpus_takes_token_lists_responses_assistant_turns_and_texts(tmp_path) -> None:
+    tokenizer = tiny_tokenizer()
+    path = tmp_path / "corpus.jsonl"
+    records = [
+        [5, 6, 7],
+        {"token_ids": [8, 9]},
+        {"prompt": "question", "response": "ab"},
+        {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "cd"}]},
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "e"}]},
+        {"text": "fg"},
+    ]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records) + "\n")
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert read_corpus(path, tokenizer) == [[5, 6, 7], [8, 9], *(encode(text) for text in ("ab", "cd", "e", "fg"))]
+    with pytest.raises(ValueError, match="tokenizer"):
+        read_corpus(path)
+    (tmp_path / "bad.jsonl").write_text('{"id": 1}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        read_corpus(tmp_path / "bad.jsonl", tokenizer)
+    with pytest.raises(FileNotFoundError):
+        read_corpus(tmp_path / "missing.jsonl", tokenizer)
+    with pytest.raises(ValueError, match="non-negative"):
+        CorpusIndex([[3, -2]], PromptLookup())
+
+
+def _wrong_corpus(sequences: list[list[int]], vocab: int = 96) -> list[list[int]]:
+    """Each bigram of ``sequences`` followed by a token that never follows it there: with ``min_ngram=2`` every
+    continuation this corpus proposes is wrong."""
+    followers: dict[tuple[int, ...], set[int]] = {}
+    for seq in sequences:
+        for end in range(2, len(seq)):
+            followers.setdefault(tuple(seq[end - 2 : end]), set()).add(seq[end])
+    return [[*bigram, min(set(range(2, vocab)) - after)] for bigram, after in followers.items()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_corpus_right_or_always_wrong_leaves_every_row_equal_to_plain_decoding(dtype: torch.dtype) -> None:
+    base = tiny_model("llama", seed=1).to(dtype)
+    other = tiny_model("llama", seed=2, hidden=16, layers=1).to(dtype)
+    prompts = _prompts()
+    plain = SpecDecoder(base, NoDrafter())
+    expected = [plain.generate(prompt, max_new_tokens=24).new_tokens for prompt in prompts]
+    eos = expected[1][5]  # the random prompt's row ends early on it
+    with_eos = [r[: r.index(eos) + 1] if eos in r else r for r in expected]
+    sequences = [prompt[0].tolist() + tokens for prompt, tokens in zip(prompts, expected, strict=True)]
+    settings = PromptLookup(min_ngram=2, tokens_by_match=(0, 0, 2, 4, 6))
+    for drafter in (NoDrafter(), DraftModelDrafter(other, 3)):
+        alone = SpecDecoder(base, drafter, prompt_lookup=settings)
+        without = [alone.generate(prompt, max_new_tokens=24) for prompt in prompts]
+        proposed_without = sum(alone.drafter.last_stats.proposed.values())  # tokens the lookup proposed
+        for name, corpus in {"right": sequences, "wrong": _wrong_corpus(sequences)}.items():
+            decoder = SpecDecoder(base, drafter, prompt_lookup=replace(settings, corpus=corpus))
+            outs = [decoder.generate(prompt, max_new_tokens=24) for prompt in prompts]
+            assert [out.new_tokens for out in outs] == expected, (dtype, drafter.name, name)
+            proposed = sum(decoder.drafter.last_stats.proposed.values())  # of the same (last) prompt
+            batch = decoder.generate([p[0] for p in prompts], max_new_tokens=24)
+            assert [out.new_tokens for out in batch] == expected, (dtype, drafter.name, name, "batched")
+            batch = decoder.generate([p[0] for p in prompts], max_new_tokens=24, eos_token_id=eos)
+            assert [out.new_tokens for out in batch] == with_eos, (dtype, drafter.name, name, "rows ending early")
+            # the random prompt, where the row's own text has little to copy
+            accepted = sum(outs[1].stats.accepted_drafts) - sum(without[1].stats.accepted_drafts)
+            if name == "right":
+                assert accepted >= 8, (dtype, drafter.name)  # the corpus carries it
+            else:  # the corpus proposed, and its wrong branches cost verification, never acceptance
+                assert proposed > proposed_without, (dtype, drafter.name)
+                assert accepted <= 2, (dtype, drafter.name)
+
+
+def test_the_corpus_is_indexed_once_per_decoder_and_tokenised_with_its_tokenizer(tmp_path, llama) -> None:
+    tokenizer = tiny_tokenizer()
+    path = tmp_path / "answers.jsonl"
+    path.write_text(json.dumps({"response": "abc abc"}) + "\n")
+    decoder = SpecDecoder(llama, NoDrafter(), tokenizer, prompt_lookup=PromptLookup(corpus=path))
+    index = decoder.drafter.corpus
+    assert index.tokens == len(tokenizer("abc abc", add_special_tokens=False)["input_ids"])
+    decoder.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4)
+    assert decoder.drafter.corpus is index
+    assert SpecDecoder(llama, NoDrafter(), prompt_lookup=True).drafter.corpus is None  # off by default
+    assert "corpus" not in PromptLookup(corpus=path).record()

@@ -16,7 +16,7 @@ import torch
 from helpers import base_samples, greedy_reference, tiny_model, train_eagle_head
 
 from specheads import SpecDecoder
-from specheads.inference.decoder import _for_rows, _truncated
+from specheads.inference.packing import for_rows, truncated
 from specheads.inference.state import Proposal
 from specheads.inference.trees import tree_from_parents
 from specheads.methods.eagle.drafter import EagleDrafter
@@ -65,7 +65,7 @@ def test_a_tree_cut_to_depth_k_keeps_exactly_its_nodes_down_to_k_under_the_same_
 def test_a_proposal_cut_to_depth_k_keeps_the_tokens_probabilities_and_mask_of_those_nodes(limit: int) -> None:
     proposal = _proposal()
     kept = SURVIVORS[limit]
-    cut = _truncated(proposal, limit)
+    cut = truncated(proposal, limit)
     if len(kept) == 1:
         assert cut is None  # nothing left to verify: the row decodes its root alone
         return
@@ -83,15 +83,15 @@ def test_a_proposal_cut_to_depth_k_keeps_the_tokens_probabilities_and_mask_of_th
 def test_each_row_of_a_step_is_cut_to_its_own_limit_only() -> None:
     proposal = _proposal(rows=3)
     limits = [5, 1, 3]
-    cut = _for_rows(proposal, limits, batch=3)
+    cut = for_rows(proposal, limits, batch=3)
     assert isinstance(cut, list) and len(cut) == 3
     for row, (row_cut, limit) in enumerate(zip(cut, limits, strict=True)):
         kept = SURVIVORS[limit]
         assert row_cut.tree.parents == tuple(PARENTS[node] for node in kept), (row, limit)
         assert row_cut.tokens.tolist() == [[100 * row + node for node in kept[1:]]]
-    assert _for_rows(proposal, [5, 7, 6], batch=3) is proposal  # every row has room: one proposal for all
-    per_row = [_truncated(_proposal(), 5), None, _truncated(_proposal(), 5)]
-    cut = _for_rows(per_row, [0, 4, 2], batch=3)
+    assert for_rows(proposal, [5, 7, 6], batch=3) is proposal  # every row has room: one proposal for all
+    per_row = [truncated(_proposal(), 5), None, truncated(_proposal(), 5)]
+    cut = for_rows(per_row, [0, 4, 2], batch=3)
     assert cut[0] is None and cut[1] is None  # a limit of 0 verifies nothing; nothing drafted stays nothing
     assert cut[2].tree.parents == tuple(PARENTS[node] for node in SURVIVORS[2])
 

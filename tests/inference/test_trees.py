@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from specheads.inference.trees import TreeError, resolve_tree, tree_from_parents
+from specheads.inference.trees import TreeError, TreeFamily, resolve_tree, tree_from_parents
 
 # Sorted by (depth, path) the nodes are: 1 = [0], 2 = [1], 3 = [0, 0], 4 = [0, 1], 5 = [1, 0].
 SMALL_TREE_SHUFFLED = [[1, 0], [0, 1], [1], [0, 0], [0]]
@@ -142,22 +142,29 @@ def test_malformed_trees_raise(spec: object, message: str) -> None:
 
 def test_an_unknown_tree_names_every_form_a_tree_takes(monkeypatch) -> None:
     """The refusal lists chains, files, the shipped trees, 'auto' and every kind a method's drafter grows, read from
-    the registry: a kind a method adds is listed with the method, none is left out."""
+    the tree families: a kind a method adds is listed with the method, none is left out."""
     from dataclasses import replace
 
-    from specheads.inference.trees import available_trees
+    from specheads.inference.trees import available_trees, tree_families
     from specheads.registry import HEAD_TYPES
 
     with pytest.raises(TreeError) as error:
         resolve_tree("no-such-tree")
     message = str(error.value)
-    grown = {kind for entry in HEAD_TYPES.values() for kind in entry.grows}
+    grown = {kind for family in tree_families() for kind in family.kinds}
     assert grown >= {"dynamic", "ddtree"} and available_trees()
     for form in ["chain-K", "auto", "dynamic-K-D-N", "ddtree-N", *grown, *available_trees()]:
         assert f"'{form}'" in message, form
-    monkeypatch.setitem(HEAD_TYPES, "medusa", replace(HEAD_TYPES["medusa"], grows=("sprouted",)))
-    with pytest.raises(TreeError, match=r"'sprouted' \(\['medusa'\]\)"):
+    monkeypatch.setitem(HEAD_TYPES, "medusa", replace(HEAD_TYPES["medusa"], trees=f"{__name__}:SPROUTS"))
+    with pytest.raises(TreeError, match=r"'sprouted' / 'sprouted-N' \(\['medusa'\]\)"):
         resolve_tree("no-such-tree")
+
+
+class _Sprouts(TreeFamily):
+    kinds, sized_form = ("sprouted",), "sprouted-N"
+
+
+SPROUTS = _Sprouts()  # a family a method's entry names (the test above lends it to Medusa's)
 
 
 def test_json_file_without_choices_raises(tmp_path) -> None:

@@ -1,19 +1,25 @@
-"""Every registry entry is a complete method: its recipe section loads, it builds, saves and loads, decodes
-losslessly on four architectures, alone and in ragged batches, trains through the trainer's step seam (a finite loss
-that falls on a fixed batch), evaluates its agreement per depth, prices a draft level for calibration, and exports
-and checks every format it lists (folders and one-file formats).
+"""Every registry entry is a complete method: each part it names has the type the registry declares, its recipe
+section loads, it builds, saves and loads, decodes losslessly on four architectures, alone and in ragged batches,
+trains through the trainer's step seam (a finite loss that falls on a fixed batch), evaluates its agreement per
+depth, prices a draft level for calibration, calibrates (or its entry declares it cannot, and calibrate refuses it),
+and exports and checks every format it lists (folders and one-file formats).
 
 Nothing here names a method: a new entry is tested the moment it is registered. Each check is a function of a
 :class:`~specheads.registry.HeadType` (:func:`check_method` runs them all), so that a method defined outside
 specheads, the toy method of ``toy_method/`` (one residual layer drafting a chain), passes the same checks with one
-registry entry and no other file changed: a new method is a folder and an entry.
+entry, registered through :func:`specheads.registry.register`, and no other file changed: a new method is a folder
+and an entry.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
+import inspect
 import math
+import subprocess
+import sys
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -27,11 +33,30 @@ from methods import toy_method
 from specheads import SpecDecoder
 from specheads.export import check_export, export_heads
 from specheads.heads import load_heads
-from specheads.registry import HEAD_TYPES, HeadType, export_formats
+from specheads.registry import (
+    HEAD_TYPES,
+    BuildHeads,
+    DraftCost,
+    Evaluate,
+    Evaluation,
+    FileChecker,
+    FileExporter,
+    FolderChecker,
+    FolderReader,
+    FolderWriter,
+    HeadsModule,
+    HeadType,
+    LayoutDetector,
+    MakeDrafter,
+    TrainStep,
+    export_formats,
+    register,
+)
 from specheads.training.config import LogConfig, RecipeConfig, TrainConfig, load_config
 from specheads.training.evaluate import simulated_tau
+from specheads.training.run_state import Run
 from specheads.training.step import StepContext, StepResult
-from specheads.training.trainer import Run, step_context, train_batch
+from specheads.training.trainer import step_context, train_batch
 
 METHODS = sorted(HEAD_TYPES)
 TRAIN_STEPS = 6
@@ -145,7 +170,39 @@ def _tiny_run(method: HeadType, base, heads, section: Any, output: Path) -> Run:
     return Run(config, accelerator, base, heads, optimizer, scheduler, None, TRAIN_STEPS, 1, output, method)
 
 
+def _part(path: str) -> Any:
+    """The object a registry entry names as ``"module:attribute"``."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _callable_as(function: Callable[..., Any], protocol: type, what: str) -> None:
+    """``function`` can be called as ``protocol.__call__`` declares: its positional arguments, then its keywords."""
+    wanted = list(inspect.signature(protocol.__call__).parameters.values())[1:]  # without self
+    positional = [object() for p in wanted if p.kind is p.POSITIONAL_ONLY]
+    keywords = {p.name: object() for p in wanted if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    try:
+        inspect.signature(function).bind(*positional, **keywords)
+    except TypeError as error:
+        pytest.fail(f"{what} cannot be called as a {protocol.__name__}: {error}")
+
+
 # ------------------------------------------------------------------------------------------------------- checks
+def check_parts_have_their_types(method: HeadType, tmp_path: Path) -> None:
+    """Every part the entry names can be called as the registry's protocol for it declares, and the heads it builds
+    are a :class:`HeadsModule`."""
+    parts = {
+        method.build: BuildHeads,
+        method.train_step: TrainStep,
+        method.evaluate: Evaluate,
+        method.drafter: MakeDrafter,
+        **({method.draft_cost: DraftCost} if method.draft_cost is not None else {}),
+    }
+    for path, protocol in parts.items():
+        _callable_as(_part(path), protocol, f"{method.name}'s {path}")
+    assert isinstance(_heads(method, tiny_model("llama", seed=1, layers=4)), HeadsModule), method.name
+
+
 def check_recipe_section_loads(method: HeadType, tmp_path: Path) -> None:
     """``heads.type=<name>`` in a recipe gives the method's section, with defaults that validate."""
     config = load_config(None, [f"heads.type={method.name}", f"data.paths=[{tmp_path}]"])
@@ -206,12 +263,15 @@ def check_trains(method: HeadType, tmp_path: Path) -> None:
 
 
 def check_evaluates(method: HeadType, tmp_path: Path) -> None:
-    """The method's held-out evaluation gives agreement with the base's greedy token per depth, which the trainer
-    turns into simulated tau when it comes per rank."""
+    """The method's held-out evaluation is an :class:`Evaluation` (its keys, no others): agreement with the base's
+    greedy token per depth, which the trainer turns into simulated tau when it comes per rank (as it must for a
+    calibratable method: calibration grows trees from it)."""
     base = tiny_model("llama", seed=1, layers=4)
     heads = _heads(method, base).eval()
     batches = [_batch(seed) for seed in (1, 2, 3)]
     result = method.evaluate_fn()(base, heads, iter(batches), max_batches=2)
+    assert Evaluation.__required_keys__ <= set(result) <= set(typing.get_type_hints(Evaluation)), sorted(result)
+    assert "agreement_by_rank" in result or not method.calibratable, f"{method.name} is calibratable"
     agreement = result["agreement_with_base_greedy"]
     assert len(agreement) >= 1 and all(0.0 <= value <= 1.0 for value in agreement), agreement
     if "positions" in result:
@@ -230,18 +290,46 @@ def check_prices_a_draft_level(method: HeadType, tmp_path: Path) -> None:
     assert isinstance(cost, float) and math.isfinite(cost) and cost >= 0.0, cost
 
 
+def check_calibrates(method: HeadType, tmp_path: Path) -> None:
+    """``calibrate`` times trees for a calibratable method's heads and records the fastest; the heads of a method
+    whose entry says it cannot be calibrated are refused with a ValueError (which the CLI prints as one line)."""
+    from specheads.calibrate import calibrate
+
+    base = tiny_model("llama", seed=1, layers=4)
+    heads = _heads(method, base).eval()
+    options = {"batches": 1, "max_nodes": 4, "prompt_tokens": 8, "new_tokens": 4}
+    if not method.calibratable:
+        with pytest.raises(ValueError, match="cannot be calibrated"):
+            calibrate(base, heads, _dataset(), **options)
+        return
+    record = calibrate(base, heads, _dataset(), **options).record
+    timed = [row["tree"] for row in record["measured"]]
+    assert record["choices"] in timed and record["plain_tokens_per_s"] > 0, record
+
+
 def check_declares_its_formats(method: HeadType, tmp_path: Path) -> None:
     """Every listed format has its spec: a folder layout (written, checked, read and recognised when it is a layout
-    the method loads) or one file (exported and checked)."""
+    the method loads) or one file (exported and checked), each part callable as the registry's protocol for it."""
     specs = method.export_formats()
     assert set(method.formats) == set(specs), method.name
     assert set(method.layouts) <= set(method.formats), method.name
+    protocols = {
+        "write": FolderWriter,
+        "export": FileExporter,
+        "read": FolderReader,
+        "check": FolderChecker,
+        "detect": LayoutDetector,
+        "check_file": FileChecker,
+    }
     for fmt, spec in specs.items():
         assert spec.name == fmt
         if spec.export is not None:
             assert spec.write is None and spec.suffix and spec.check_file is not None, fmt
         else:
             assert spec.write is not None and spec.weights and spec.check is not None, fmt
+        for field, protocol in protocols.items():
+            if getattr(spec, field) is not None:
+                _callable_as(getattr(spec, field), protocol, f"{method.name}'s {fmt} {field}")
     for layout in method.layouts:
         assert specs[layout].read is not None and specs[layout].detect is not None, layout
 
@@ -300,7 +388,9 @@ CHECKS = (
     check_builds_saves_loads_and_decodes,
     check_trains,
     check_evaluates,
+    check_parts_have_their_types,
     check_prices_a_draft_level,
+    check_calibrates,
 )
 
 
@@ -349,6 +439,16 @@ def test_a_method_prices_a_draft_level(name: str, tmp_path) -> None:
     check_prices_a_draft_level(HEAD_TYPES[name], tmp_path)
 
 
+@pytest.mark.parametrize("name", METHODS)
+def test_a_methods_parts_have_the_types_the_registry_declares(name: str, tmp_path) -> None:
+    check_parts_have_their_types(HEAD_TYPES[name], tmp_path)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_method_calibrates_or_declares_it_cannot(name: str, tmp_path) -> None:
+    check_calibrates(HEAD_TYPES[name], tmp_path)
+
+
 FOLDER_FORMATS = [(name, fmt) for name in METHODS for fmt in folder_formats(HEAD_TYPES[name])]
 FILE_FORMATS = [(name, fmt) for name in METHODS for fmt in file_formats(HEAD_TYPES[name])]
 
@@ -374,20 +474,20 @@ def test_format_names_are_unique_and_shared_formats_told_apart() -> None:
 
 # ------------------------------------------------------------------------- a new method: a folder and an entry
 TOY_FOLDER = Path(toy_method.__file__).parent
-TOY = HeadType(
-    name="toy",
-    module=f"{toy_method.__name__}.heads:ToyHeads",
-    recipe=f"{toy_method.__name__}.config:ToyHeadsConfig",
-    build=f"{toy_method.__name__}.train:build_heads",
-    train_step=f"{toy_method.__name__}.train:train_step",
-    evaluate=f"{toy_method.__name__}.train:evaluate",
-    drafter=f"{toy_method.__name__}.drafter:ToyDrafter",
-    bench_trees=("chain-2", "chain-3"),
-    formats=("toy", "toy-file"),
-    layouts=("toy",),
-    exports=f"{toy_method.__name__}.export:FORMATS",
-    draft_cost=f"{toy_method.__name__}.drafter:draft_cost",
-)
+TOY = toy_method.ENTRY
+# What a method folder may import of specheads: the method API (one facade, three phase modules), and the registry
+# for its entry.
+METHOD_API = {"specheads.methods.api", "specheads.methods.api_decode", "specheads.methods.api_train"}
+METHOD_API |= {"specheads.methods.api_export", "specheads.registry"}
+
+
+@pytest.fixture
+def toy_registered() -> Any:
+    """The toy method, registered through the public call for one test (the registry has no unregister: a method
+    stays for the process's life, so the test's own teardown takes it out)."""
+    assert TOY.name not in HEAD_TYPES
+    yield register(TOY)
+    del HEAD_TYPES[TOY.name]
 
 
 def test_the_toy_method_uses_only_the_declared_method_api() -> None:
@@ -400,13 +500,38 @@ def test_the_toy_method_uses_only_the_declared_method_api() -> None:
             else:
                 continue
             for name in names:
-                assert name.split(".")[0] != "specheads" or name == "specheads.methods.api", f"{path.name}: {name}"
+                assert name.split(".")[0] != "specheads" or name in METHOD_API, f"{path.name}: {name}"
 
 
-def test_a_new_method_is_a_folder_and_an_entry(monkeypatch, tmp_path) -> None:
+def test_a_new_method_is_a_folder_and_an_entry(toy_registered: HeadType, tmp_path) -> None:
     """The toy method, registered with one entry, passes every check of this suite."""
-    assert TOY.name not in HEAD_TYPES
-    monkeypatch.setitem(HEAD_TYPES, TOY.name, TOY)
+    assert HEAD_TYPES[TOY.name] is toy_registered is TOY
     assert {"toy", "toy-file"} <= set(export_formats())
     check_registry_formats()
     check_method(TOY, tmp_path)
+
+
+def test_register_refuses_a_taken_name_and_a_layout_it_does_not_write() -> None:
+    with pytest.raises(ValueError, match="registered already"):
+        register(dataclasses.replace(TOY, name=METHODS[0]))
+    with pytest.raises(ValueError, match="not among its formats"):
+        register(dataclasses.replace(TOY, layouts=("elsewhere",)))
+    assert TOY.name not in HEAD_TYPES
+
+
+def _export_help(*setup: str) -> str:
+    """``specheads export --help`` in a fresh interpreter, after the ``setup`` statements, run from tests/ (where
+    ``methods.toy_method`` imports, as a method installed outside specheads would)."""
+    code = "; ".join([*setup, "from specheads.cli import main", "raise SystemExit(main(['export', '--help']))"])
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=TOY_FOLDER.parents[1], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_method_registered_through_the_public_call_is_an_export_format_of_the_cli() -> None:
+    registering = ("from methods import toy_method", "from specheads.registry import register")
+    registered = _export_help(*registering, "register(toy_method.ENTRY)")
+    assert "toy,toy-file}" in registered  # the --format choices
+    assert "toy-file" not in _export_help(*registering)  # importing the method registers nothing

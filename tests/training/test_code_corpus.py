@@ -19,7 +19,8 @@ from specheads.heads import load_heads
 from specheads.training.code_corpus import MAX_FILE_BYTES, STDLIB, code_corpus, entry_files
 from specheads.training.config import DataConfig, load_config
 from specheads.training.data import DataError, build_dataset
-from specheads.training.trainer import eval_data, train
+from specheads.training.files import eval_data
+from specheads.training.trainer import train
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-coder-1.5b" / "eagle3.yaml"
 EOS = 1
@@ -212,7 +213,8 @@ def test_the_qwen_coder_recipe_validates_and_trains_a_few_steps_on_a_tiny_qwen2(
     recipe = load_config(RECIPE)
     assert recipe.model.base == "qwen2.5-coder-1.5b" and recipe.model.dtype == "auto"
     assert (recipe.heads.type, recipe.heads.version, recipe.heads.targets) == ("eagle", 3, "self")
-    assert recipe.heads.draft_vocab_coverage is not None
+    # sized so that the shipped heads fit 64 MB in bf16: the draft layer plus a 7,168-row lm_head
+    assert recipe.heads.draft_vocab_size == 7168 and recipe.heads.intermediate_size == 1024
     assert recipe.data.format == "code" and recipe.data.paths == [STDLIB] and recipe.data.heldout_fraction > 0
     assert recipe.data.feature_cache and recipe.log.eval_every > 0 and recipe.output.save_every > 0
     tiny_model("qwen2", seed=1, layers=4).save_pretrained(tmp_path / "base")
@@ -228,6 +230,7 @@ def test_the_qwen_coder_recipe_validates_and_trains_a_few_steps_on_a_tiny_qwen2(
         "data.eval_batches": 1,
         "data.feature_cache": features,
         "heads.intermediate_size": 24,
+        "heads.draft_vocab_size": "{coverage: 0.99}",  # the tiny tokenizer has 96 ids
         "train.batch_size": 2,
         "train.grad_accumulation": 1,
         "train.steps": 4,

@@ -11,7 +11,7 @@ from helpers import tiny_tokenizer
 
 from specheads.training.config import DataConfig
 from specheads.training.data import DataError, build_dataset
-from specheads.training.trainer import eval_data
+from specheads.training.files import eval_data
 
 EOS, PAD = 1, 0
 
@@ -298,7 +298,7 @@ def test_malformed_jsonl_line_names_file_and_line(tmp_path, tokenizer, line, mes
 )
 def test_defective_sharegpt_record_is_skipped_and_counted(tmp_path, chat_tokenizer, caplog, record, cause):
     write_jsonl(tmp_path / "chat.jsonl", [{"conversations": CONVERSATION}, record])
-    with caplog.at_level("WARNING", logger="specheads.training.data"):
+    with caplog.at_level("WARNING", logger="specheads.training"):
         rows = build_dataset(DataConfig(paths=[str(tmp_path)], format="sharegpt"), chat_tokenizer)
     assert len(rows) == 1
     assert f"sharegpt: 2 records read, 1 used; skipped: {cause}" in caplog.text

@@ -372,6 +372,26 @@ def test_a_prompt_whose_later_turn_copies_an_evaluation_prompt_is_skipped_and_co
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_the_library_call_skips_evaluation_prompts_unless_allowed(setup, tmp_path, caplog) -> None:
+    """distill() screens by itself, so a Python caller is kept from evaluation prompts as the command is: a copy is
+    skipped with a warning that counts it, allow_evaluation_prompts keeps it, and prompts that all copy one are
+    refused before anything is written."""
+    root, model, tokenizer = setup
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"turns": ["What is 2 + 2?", PROMPTS[2]]}) + "\n")
+    prompts = load_prompts(root / "prompts.jsonl", tokenizer)
+    settings = {"max_new_tokens": MAX_NEW, "batch_size": 3, "progress": False, "exclude_prompts": [bench]}
+    with caplog.at_level(logging.WARNING, logger="specheads.training.distill"):
+        result = distill(model, tokenizer, prompts, tmp_path / "screened.jsonl", **settings)
+    assert [record["id"] for record in read(tmp_path / "screened.jsonl")] == ["p0", "p1", "p3", "p4", "p5"]
+    assert result.written == 5 and f"1 prompts skipped: they copy evaluation prompts ({bench} x1)" in caplog.text
+    kept = distill(model, tokenizer, prompts, tmp_path / "all.jsonl", allow_evaluation_prompts=True, **settings)
+    assert kept.written == len(PROMPTS)
+    with pytest.raises(ValueError, match="^every prompt copies an evaluation set"):
+        distill(model, tokenizer, prompts[2:3], tmp_path / "none.jsonl", **settings)
+    assert not (tmp_path / "none.jsonl").exists()
+
+
 def test_all_turns_asks_each_turn_after_the_base_own_answers(setup, tmp_path) -> None:
     """--all-turns: a "turns" record's turn k is the base's greedy answer to the conversation of its turns 1..k with
     its own earlier answers, rows of one batch at different turns; one record per conversation."""

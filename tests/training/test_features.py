@@ -10,12 +10,16 @@ from helpers import tiny_model, tiny_tokenizer
 
 from specheads.training.config import load_config
 from specheads.training.features import (
+    _EXACT_TRANSFORMS,
     CachedFeatures,
     CachedOutput,
     FeatureCacheError,
     base_output,
     collate_padded,
+    projectable,
     rows_fingerprint,
+    teacher_greedy,
+    teacher_logits,
     write_feature_cache,
 )
 from specheads.training.trainer import train
@@ -179,3 +183,118 @@ def test_data_that_grew_grows_the_cache_and_only_its_new_rows_run_through_the_ba
     reordered = rows.select([1, 0, *range(2, 12)])
     with pytest.raises(FeatureCacheError, match="data_fingerprint"):
         write_feature_cache(base, reordered, LAYERS, tmp_path, rows_fingerprint(reordered), rows_per_shard=4)
+
+
+# ------------------------------------------------------------------------------- the cached teacher's logit transform
+# Bases whose forward transforms lm_head(final hidden state): soft-capping (Gemma 2), a logit scale (Cohere, Granite).
+# The settings make the transform matter on a tiny random model's small logits.
+TRANSFORMED = {
+    "gemma2": {"final_logit_softcapping": 0.05},
+    "cohere": {"logit_scale": 4.0},
+    "granite": {"logits_scaling": 0.25},
+}
+
+
+def _transformed_base(model_type: str, **transform: float) -> torch.nn.Module:
+    """A tiny randomly initialised causal LM of ``model_type`` (4 layers) whose config sets ``transform``."""
+    import transformers
+
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=8)
+    config = transformers.AutoConfig.for_model(
+        model_type, vocab_size=96, num_key_value_heads=2, pad_token_id=0, bos_token_id=0, eos_token_id=1,
+        **sizes, **transform,
+    )  # fmt: skip
+    torch.manual_seed(1)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def _student_losses(base: torch.nn.Module, out, batch: dict[str, torch.Tensor]) -> tuple[float, float]:  # noqa: ANN001
+    """What a fixed student trains on against ``out``'s teacher: EAGLE's cross-entropy over a draft vocabulary's
+    columns (:func:`teacher_logits`) and draft-LM's KL over the whole vocabulary (the output's logits)."""
+    from specheads.methods.eagle.losses import eagle_loss
+    from specheads.training.losses import distillation_loss
+
+    generator = torch.Generator().manual_seed(5)
+    input_ids, loss_mask = batch["input_ids"].long(), (batch["loss_mask"] * batch["attention_mask"]).long()
+    draft_ids = torch.arange(0, 96, 2)
+    inputs = torch.randn(*input_ids.shape[:1], input_ids.shape[1] - 1, 16, generator=generator)
+    weight = torch.randn(draft_ids.numel(), 16, generator=generator)
+    teacher = teacher_logits(base, out, draft_ids)
+    eagle = eagle_loss([inputs], weight, None, torch.ones(1), teacher, input_ids, loss_mask, draft_ids).loss
+    student = torch.randn(*input_ids.shape, 96, generator=generator)
+    return float(eagle), float(distillation_loss(student, out.logits, loss_mask))
+
+
+@pytest.mark.parametrize("model_type", sorted(TRANSFORMED))
+def test_the_cached_teacher_applies_the_bases_logit_transform_and_trains_as_the_online_one(
+    tmp_path, model_type: str
+) -> None:
+    base = _transformed_base(model_type, **TRANSFORMED[model_type])
+    assert not projectable(base)  # the online teacher is the forward's own logits
+    rows = _rows()
+    write_feature_cache(base, rows, LAYERS, tmp_path, rows_fingerprint(rows), rows_per_shard=4, progress=False)
+    batch = collate_padded([CachedFeatures(tmp_path)[index] for index in range(6)])
+    plain = {name: batch[name].long() for name in ("input_ids", "attention_mask", "loss_mask")}
+    with torch.no_grad():
+        online = base_output(base, plain)
+        untransformed = base.get_output_embeddings()(online.hidden_states[-1])
+    cached = base_output(base, batch)
+    real = batch["attention_mask"].bool()
+    bf16_error = (cached.logits[real] - online.logits[real]).abs().max()
+    assert (untransformed[real] - online.logits[real]).abs().max() > 100 * bf16_error  # the transform matters here
+    torch.testing.assert_close(cached.logits[real], online.logits[real], rtol=1e-2, atol=1e-2)
+    cached_losses, online_losses = _student_losses(base, cached, batch), _student_losses(base, online, batch)
+    assert cached_losses == pytest.approx(online_losses, rel=1e-3)
+    torch.testing.assert_close(teacher_greedy(base, cached)[real], online.logits.argmax(dim=-1)[real])
+
+
+SETTINGS = {"final_logit_softcapping": 0.05, "logit_scale": 4.0, "logits_scaling": 0.25}
+EXTRA = {"granitemoehybrid": dict(mamba_n_heads=8, mamba_d_head=8, layer_types=["attention"] * 4)}  # no Mamba layer
+CLAIMED = sorted((model_type, name) for name, (types, _) in _EXACT_TRANSFORMS.items() for model_type in types)
+
+
+@pytest.mark.parametrize(("model_type", "name"), CLAIMED, ids=[model_type for model_type, _ in CLAIMED])
+def test_every_transform_the_cache_claims_gives_the_forwards_logits_bit_for_bit(model_type: str, name: str) -> None:
+    """Each model type the cached teacher applies a transform for: from the forward's own final hidden state, the
+    cached teacher's logits are the forward's, bit for bit (the same operations in the same order)."""
+    base = _transformed_base(model_type, **{name: SETTINGS[name]}, **EXTRA.get(model_type, {}))
+    ids = torch.randint(2, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = base(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True, use_cache=False)
+        plain = base.get_output_embeddings()(out.hidden_states[-1])
+    cached = CachedOutput(base, {f"hidden.{base.config.num_hidden_layers}": out.hidden_states[-1]})
+    assert not torch.allclose(plain, out.logits, rtol=1e-2, atol=1e-2)  # the transform matters here
+    assert torch.equal(cached.logits, out.logits)
+
+
+def test_a_base_whose_logit_transform_the_cache_cannot_reproduce_is_refused(tmp_path) -> None:
+    """A transform the cache does not know for the model type (a Llama that says it soft-caps; a soft-capping and a
+    scale together) is refused before the base runs over the data, and by a cache written for the plain base."""
+    rows = _rows()
+    base = tiny_model("llama", seed=1, layers=4)
+    write_feature_cache(base, rows, LAYERS, tmp_path / "plain", rows_fingerprint(rows), progress=False)
+    batch = collate_padded([CachedFeatures(tmp_path / "plain")[index] for index in range(3)])
+    base.config.final_logit_softcapping = 1.0  # a cap of 1.0 is tanh, not the identity
+    message = r"cannot reproduce this base's logits \(llama with final_logit_softcapping=1.0 on top of its lm_head\)"
+    with pytest.raises(FeatureCacheError, match=message):
+        write_feature_cache(base, rows, LAYERS, tmp_path / "capped", rows_fingerprint(rows), progress=False)
+    assert not (tmp_path / "capped").exists()
+    with pytest.raises(FeatureCacheError, match=message):
+        base_output(base, batch)
+    gemma = _transformed_base("gemma2", final_logit_softcapping=30.0)
+    gemma.config.logit_scale = 2.0
+    with pytest.raises(FeatureCacheError, match="final_logit_softcapping=30.0, logit_scale=2.0"):
+        write_feature_cache(gemma, rows, LAYERS, tmp_path / "both", rows_fingerprint(rows), progress=False)
+
+
+def test_the_teachers_greedy_tokens_come_a_chunk_of_positions_at_a_time(monkeypatch) -> None:
+    from specheads.training import losses
+
+    base = tiny_model("llama", seed=1, layers=4)
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 5 * base.config.vocab_size)  # 5 positions a chunk
+    batch = {name: value[:4].long() for name, value in _rows()[:].items()}
+    lean = base_output(base, batch, full_logits=False)
+    assert lean.logits.shape[1] == 1  # the forward projected the last position only
+    with torch.no_grad():
+        full = base_output(base, batch).logits
+    assert torch.equal(teacher_greedy(base, lean), full.argmax(dim=-1))

@@ -10,16 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from specheads.training import data
+from specheads.training import chat, files, json_stream, rows
 from specheads.training.config import DataConfig
-from specheads.training.data import DataError, build_dataset, read_sharegpt_conversations
+from specheads.training.data import DataError, build_dataset
+from specheads.training.json_stream import read_sharegpt_conversations
 
 NO_SYSTEM = (  # a template that refuses system turns, as some do
     "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system turns') }}{% endif %}"
     "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-LOGGER = "specheads.training.data"
+LOGGER = "specheads.training"  # the data layer's modules log under it
 
 
 def turns(*pairs: tuple[str, object]) -> dict:
@@ -42,7 +43,11 @@ def sharegpt_config(path: Path, **settings) -> DataConfig:
 
 
 def summary_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.getMessage().startswith("sharegpt:")]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith(f"{LOGGER}.") and r.getMessage().startswith("sharegpt:")
+    ]
 
 
 # ------------------------------------------------------------------------------------------------- truncated lists
@@ -78,9 +83,9 @@ def test_a_list_that_is_not_cut_parses_exactly_as_json_load(tmp_path, monkeypatc
     text = "  \n[ " + " ,\n\t".join(json.dumps(item, ensure_ascii=index % 2 == 0) for index, item in enumerate(items))
     path = tmp_path / "whole.json"
     path.write_text(text + " ]\n\n", encoding="utf-8")
-    monkeypatch.setattr(data, "_CHUNK_BYTES", chunk_bytes)
-    tally = data._Tally()
-    parsed = [item for _, item in data._json_array_items(path, tally)]
+    monkeypatch.setattr(json_stream, "_CHUNK_BYTES", chunk_bytes)
+    tally = json_stream.Tally()
+    parsed = [item for _, item in json_stream._json_array_items(path, tally)]
     assert parsed == json.loads(path.read_text(encoding="utf-8"))
     assert not tally.cuts
 
@@ -259,8 +264,8 @@ def many_conversations(path: Path, count: int) -> Path:
 def test_the_second_build_reuses_the_cached_rows(tmp_path, chat_tokenizer, monkeypatch, caplog, rows_cache):
     path = many_conversations(tmp_path / "chat.json", 20)
     calls = []
-    tokenize = data._tokenize_with_targets
-    monkeypatch.setattr(data, "_tokenize_with_targets", lambda *a, **k: calls.append(len(a[0])) or tokenize(*a, **k))
+    tokenize = rows.tokenize_with_targets
+    monkeypatch.setattr(rows, "tokenize_with_targets", lambda *a, **k: calls.append(len(a[0])) or tokenize(*a, **k))
     first = build_dataset(sharegpt_config(path), chat_tokenizer)
     assert sum(calls) == 20
     with caplog.at_level(logging.INFO, logger=LOGGER):
@@ -287,7 +292,7 @@ def test_cache_dir_setting_is_where_rows_go(tmp_path, chat_tokenizer):
 
 
 def test_two_processes_give_the_rows_of_one(tmp_path, chat_tokenizer):
-    path = many_conversations(tmp_path / "chat.json", 2 * data._RECORDS_PER_PROCESS)
+    path = many_conversations(tmp_path / "chat.json", 2 * rows._RECORDS_PER_PROCESS)
     one = build_dataset(sharegpt_config(path, num_proc=1, cache=False), chat_tokenizer)
     two = build_dataset(sharegpt_config(path, num_proc=2, cache=False), chat_tokenizer)
     assert one.to_list() == two.to_list()
@@ -301,7 +306,7 @@ def test_cutting_long_conversations_before_tokenising_changes_no_row(tmp_path, c
     records += [turns(("human", "<|im_start|>" * 40), ("gpt", "a"), ("human", "q"), ("gpt", "b"))] * 2
     path = tmp_path / "long.json"
     path.write_text(json_list(records), encoding="utf-8")
-    assert data._cut_token(chat_tokenizer, "<|im_end|>") == "<|im_end|>"
+    assert chat.cut_token_for(chat_tokenizer, "<|im_end|>") == "<|im_end|>"
     tokenised = []  # texts per tokenizer call
     call = type(chat_tokenizer).__call__
     monkeypatch.setattr(
@@ -311,7 +316,7 @@ def test_cutting_long_conversations_before_tokenising_changes_no_row(tmp_path, c
     lengths = [len(text) for text in tokenised[0]]
     assert min(lengths) < 8 * 48 < max(lengths) < max(map(len, tokenised[1]))  # cut at 384+ chars, whole again
     assert len(tokenised) == 2 and len(tokenised[1]) == 2
-    monkeypatch.setattr(data, "_cut_token", lambda tokenizer, end_marker: None)
+    monkeypatch.setattr(rows, "cut_token_for", lambda tokenizer, end_marker: None)
     whole = build_dataset(sharegpt_config(path, max_length=48, cache=False), chat_tokenizer)
     assert cut.to_list() == whole.to_list()
 
@@ -319,7 +324,7 @@ def test_cutting_long_conversations_before_tokenising_changes_no_row(tmp_path, c
 def test_the_skeleton_path_gives_the_rows_of_the_turn_by_turn_check(tmp_path, chat_tokenizer, monkeypatch):
     path = write_defects(tmp_path / "defects.json")
     fast = build_dataset(sharegpt_config(path, cache=False), chat_tokenizer)
-    monkeypatch.setattr(data._Skeleton, "spans", lambda self, text, messages: None)
+    monkeypatch.setattr(chat.Skeleton, "spans", lambda self, text, messages: None)
     checked = build_dataset(sharegpt_config(path, cache=False), chat_tokenizer)
     assert fast.to_list() == checked.to_list()
 
@@ -352,7 +357,7 @@ def test_sharegpt_path_names_the_packaged_file(tmp_path, chat_tokenizer, monkeyp
     spec.submodule_search_locations = [str(package)]
     find_sharegpt_as(monkeypatch, spec)
     monkeypatch.chdir(tmp_path)
-    assert data.sharegpt_path() == packaged
+    assert files.sharegpt_path() == packaged
     rows = build_dataset(DataConfig(paths=["sharegpt"], format="sharegpt", max_length=96), chat_tokenizer)
     assert len(rows) == 2
     with pytest.raises(DataError, match="set data.format sharegpt"):
@@ -366,7 +371,7 @@ def test_sharegpt_path_names_the_packaged_file(tmp_path, chat_tokenizer, monkeyp
 def test_the_installed_sharegpt_file_is_read_whole_with_one_warning_at_its_cut(caplog) -> None:
     """The README's numbers for the real file: 17,671 complete records, one warning giving the byte offset."""
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        records = sum(1 for _ in read_sharegpt_conversations(data.sharegpt_path()))
+        records = sum(1 for _ in read_sharegpt_conversations(files.sharegpt_path()))
     cuts = [r.getMessage() for r in caplog.records if "ends inside its JSON list" in r.getMessage()]
     assert len(cuts) == 1
     assert "the record starting at byte 125506645 is incomplete" in cuts[0] and "17671 complete records" in cuts[0]
@@ -387,7 +392,7 @@ def test_sharegpt_prompts_keeps_later_turns_as_turns_records(tmp_path, chat_toke
 
     records = [chat("a", "one", "two", "three", "four"), chat("b", "solo"), chat("c", "start", "x " * 80, "never")]
     (tmp_path / "sharegpt.json").write_text(json.dumps(records))
-    monkeypatch.setattr("specheads.training.data.sharegpt_path", lambda: tmp_path / "sharegpt.json")  # read by main
+    monkeypatch.setattr("specheads.training.files.sharegpt_path", lambda: tmp_path / "sharegpt.json")  # read by main
     common = ["--base", str(tmp_path / "base"), "--max-prompt-tokens", "64"]
     script.main(["--out", str(tmp_path / "three.jsonl"), "--turns", "3", *common])
     assert (

@@ -143,7 +143,7 @@ def test_a_tracker_whose_package_is_missing_is_refused_before_training(
 
 
 def test_the_trainer_writes_its_files_through_the_atomic_writer(workspace, tmp_path, monkeypatch) -> None:
-    from specheads.training import trainer
+    from specheads.training import heldout, run_state
 
     written = []
 
@@ -151,7 +151,8 @@ def test_the_trainer_writes_its_files_through_the_atomic_writer(workspace, tmp_p
         written.append(Path(target).name)
         atomic_write(target, write)
 
-    monkeypatch.setattr(trainer, "atomic_write", recording)
+    for module in (run_state, heldout):  # the trainer's modules that write files (run_state: every JSON file)
+        monkeypatch.setattr(module, "atomic_write", recording)
     extra = {"train.steps": 2, "data.eval_paths": f"[{workspace / 'data'}]", "data.eval_batches": 1}
     train(load_config(None, _overrides(workspace, tmp_path / "run", **extra)))
     expected = {"run_config.json", "trainer_state.json", "recipe.json", "eval.json", "final_state.json"}
@@ -368,7 +369,7 @@ def test_head_agreement_by_hand() -> None:
 
 
 def test_length_grouped_batches_hold_rows_of_similar_length_and_replay_per_epoch() -> None:
-    from specheads.training.trainer import LengthGroupedSampler
+    from specheads.training.batches import LengthGroupedSampler
 
     lengths = [int(length) for length in torch.randint(1, 512, (1003,), generator=torch.Generator().manual_seed(0))]
     sampler = LengthGroupedSampler(lengths, batch_size=8, seed=3, group_batches=10)

@@ -1,2 +1,2 @@
 """Block-parallel drafters, DFlash and DSpark: heads, their recipe section, training step, drafter (chains and
-DDTree trees) and engine layouts."""
+DDTree trees, whose tree family is ``trees.py``) and engine layouts."""

@@ -28,32 +28,34 @@ from __future__ import annotations
 import heapq
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from specheads.methods.api import (
-    BlockTree,
+from specheads.methods.api_decode import (
     DecodeState,
     Drafter,
     DraftRequest,
-    DynamicTree,
     FeatureQueue,
     Proposal,
+    SlotCache,
     TreeBuffers,
-    TreeFamily,
+    advance,
     chain_proposal,
     check_speculative_tokens,
-    kv_cache,
+    keep_rows,
+    new_cache,
     probabilities,
     requested_tree,
     resolve_tree,
     sample,
+    to_device,
     tree_from_parents,
+    tree_step_mask,
 )
 from specheads.methods.dflash.heads import DFlashHead
+from specheads.methods.dflash.trees import TREES, BlockTree
 
 DEFAULT_BUDGET = 16  # DDTree nodes when nothing is calibrated
 
@@ -68,7 +70,7 @@ class _BlockState:
         queue: fused base features not yet turned into context.
     """
 
-    cache: kv_cache.SlotCache
+    cache: SlotCache
     consumed: list[int]
     queue: FeatureQueue = field(default_factory=FeatureQueue)
 
@@ -79,22 +81,6 @@ class _Block:
 
     logits: torch.Tensor  # [A, D, V] float
     roots: torch.Tensor  # [A] the anchor tokens
-
-
-class BlockTrees(TreeFamily):
-    """DDTree node budgets 2..64 (within ``max_nodes``) over one block forward; recorded as ``budget``."""
-
-    kinds = ("ddtree",)
-    draft_per_step = True
-
-    def candidates(self, statics: Sequence[Sequence[Sequence[int]]], max_nodes: int) -> list[Any]:
-        return [BlockTree(size) for size in (2, 4, 8, 16, 32, 64) if size <= max_nodes]
-
-    def record(self, fastest: Any) -> dict[str, Any]:
-        return {"budget": fastest.total_tokens}
-
-
-TREES = BlockTrees()  # the registry entry's tree family
 
 
 class DFlashDrafter(Drafter):
@@ -115,8 +101,8 @@ class DFlashDrafter(Drafter):
         self.name = head.config.variant
         self.hidden_state_layers: tuple[int, ...] = tuple(head.hidden_state_layers)
         calibration = getattr(head, "calibration", None)
-        calibrated = calibration.budget if calibration is not None else None
-        self.budget = BlockTree(budget or calibrated or DEFAULT_BUDGET).total_tokens
+        calibrated = TREES.calibrated(calibration)
+        self.budget = BlockTree(budget or (calibrated.total_tokens if calibrated else DEFAULT_BUDGET)).total_tokens
         self.default_tree = self.resolve("ddtree" if tree is None else tree)
 
     @property
@@ -126,12 +112,10 @@ class DFlashDrafter(Drafter):
 
     def resolve(self, tree: str | list | BlockTree) -> TreeBuffers | BlockTree:
         """``"ddtree"`` (the default budget), ``"ddtree-N"``, ``"auto"`` (the calibrated budget), a
-        :class:`BlockTree`, or a static tree (``chain-K``, a tree name or file, a choice list)."""
+        :class:`BlockTree`, or a static tree (``chain-K``, a tree name or file, a choice list; another method's grown
+        tree is refused there, naming who grows it)."""
         if isinstance(tree, BlockTree):
             return tree
-        if isinstance(tree, DynamicTree) or tree == "dynamic" or (isinstance(tree, str) and DynamicTree.parse(tree)):
-            raise ValueError("tree='dynamic' (EAGLE-2) is grown by an EAGLE head; a block drafter builds "
-                             "tree='ddtree' from one block forward")  # fmt: skip
         if tree in ("ddtree", "auto"):
             return BlockTree(self.budget)
         if isinstance(tree, str) and BlockTree.parse(tree) is not None:
@@ -144,8 +128,6 @@ class DFlashDrafter(Drafter):
     def check_request(self, request: DraftRequest) -> None:
         check_speculative_tokens(request)
         tree = self._tree(request)
-        if isinstance(tree, DynamicTree):
-            raise ValueError("a block drafter does not grow EAGLE-2 dynamic trees; use tree='ddtree'")
         if isinstance(tree, TreeBuffers) and tree.max_depth > self.depth:
             raise ValueError(
                 f"the tree is {tree.max_depth} deep but one block of these heads drafts {self.depth} tokens "
@@ -165,9 +147,7 @@ class DFlashDrafter(Drafter):
     # ------------------------------------------------------------------ keeping the context in step
     def reset(self, state: DecodeState) -> None:
         capacity = state.tokens.shape[1] + self.head.config.block_size + 2
-        state.draft = _BlockState(
-            kv_cache.new_cache(state.batch_size, capacity, state.tokens.device), [0] * state.batch_size
-        )
+        state.draft = _BlockState(new_cache(state.batch_size, capacity, state.tokens.device), [0] * state.batch_size)
         self._receive(state)
 
     def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:
@@ -175,7 +155,7 @@ class DFlashDrafter(Drafter):
 
     def keep_rows(self, state: DecodeState, keep: list[int]) -> None:
         draft: _BlockState = state.draft
-        kv_cache.keep_rows(draft.cache, keep)
+        keep_rows(draft.cache, keep)
         draft.consumed = [draft.consumed[i] for i in keep]
         draft.queue.keep_rows(keep)
 
@@ -190,11 +170,11 @@ class DFlashDrafter(Drafter):
             return
         context, counts = draft.queue.take()
         device = context.device
-        consumed = kv_cache.to_device(draft.consumed, device)
+        consumed = to_device(draft.consumed, device)
         positions = consumed[:, None] + torch.arange(context.shape[1], device=device)[None]
         for index, keys_values in enumerate(self.head.context_keys_values(context, positions)):
             draft.cache.update(*keys_values, index)
-        kv_cache.advance(draft.cache, counts)
+        advance(draft.cache, counts)
         draft.consumed = [c + n for c, n in zip(draft.consumed, counts, strict=True)]
 
     def _block(self, state: DecodeState, depths: int | None = None) -> _Block:
@@ -204,13 +184,13 @@ class DFlashDrafter(Drafter):
         self._feed_context(draft)
         device, size = state.tokens.device, self.head.config.block_size
         roots_host = [state.host_tokens[row][-1] for row in state.rows]
-        meta = kv_cache.to_device([roots_host, draft.consumed], device)
+        meta = to_device([roots_host, draft.consumed], device)
         roots, consumed = meta[0], meta[1]
         positions = consumed[:, None] + torch.arange(size, device=device)[None]  # the root sits at L - 1
         mask = None  # rows with contexts of one length see every key: no mask
         if len(set(draft.consumed)) > 1:
             block = torch.ones(1, size, size, dtype=torch.bool, device=device)  # bidirectional inside the block
-            mask = kv_cache.tree_step_mask(consumed, max(draft.consumed), block)
+            mask = tree_step_mask(consumed, max(draft.consumed), block)
         hidden = self.head.blocks(self.head.block_inputs(roots), positions, mask, cache=draft.cache)
         first = self.head.config.first_slot
         hidden = hidden[:, first : first + (self.depth if depths is None else depths)]
@@ -320,7 +300,9 @@ class DFlashDrafter(Drafter):
         return Proposal(torch.tensor([tokens], device=device), tree_from_parents([-1, *parents]), None)
 
 
-def ddtree(root: int, depth: int, budget: int, children) -> tuple[list[int], list[int]]:  # noqa: ANN001
+def ddtree(
+    root: int, depth: int, budget: int, children: Callable[[int, int], tuple[list[float], list[int]]]
+) -> tuple[list[int], list[int]]:
     """DDTree's best-first builder over per-depth candidate lists.
 
     Args:
@@ -369,12 +351,12 @@ def measure_draft_cost(head: DFlashHead, prefix_len: int = 256, repeats: int = 1
     pays once per step, whatever the depth (calibration's draft cost)."""
     device = head.fc.weight.device
     dtype = head.fc.weight.dtype
-    cache = kv_cache.new_cache(1, prefix_len + head.config.block_size + 2, device)
+    cache = new_cache(1, prefix_len + head.config.block_size + 2, device)
     context = torch.zeros(1, prefix_len, head.config.hidden_size, device=device, dtype=dtype)
     positions = torch.arange(prefix_len, device=device)[None]
     for index, keys_values in enumerate(head.context_keys_values(context, positions)):
         cache.update(*keys_values, index)
-    kv_cache.advance(cache, [prefix_len])
+    advance(cache, [prefix_len])
     block = head.block_inputs(torch.zeros(1, dtype=torch.long, device=device))
     block_positions = prefix_len + torch.arange(head.config.block_size, device=device)[None]
     samples = []

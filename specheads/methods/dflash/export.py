@@ -25,6 +25,8 @@ from specheads.methods.api import (
     CheckReport,
     EngineVerdict,
     ExportFormat,
+    FolderContents,
+    FolderReader,
     base_layer_shape,
     config_architectures,
     id_list,
@@ -134,7 +136,9 @@ def _dspark_fields(config: DFlashConfig) -> dict[str, Any]:
     }
 
 
-def _write_dflash(head, base, name, engines, steps):  # noqa: ANN001, ANN202
+def _write_dflash(
+    head: Any, base: PreTrainedModel | None, name: str, engines: list[str] | None, steps: int | None
+) -> FolderContents:
     head = _check_variant(head, "dflash", ("dflash",))
     serving_engines(engines, {"vllm": "", "sglang": "", "llama.cpp": "", "dflash": ""}, "dflash")
     layers = _base_layers(head, base)
@@ -155,7 +159,9 @@ def _write_dflash(head, base, name, engines, steps):  # noqa: ANN001, ANN202
     return config, _state(head), _native_commands(head, name), notes
 
 
-def _write_dspark(head, base, name, engines, steps):  # noqa: ANN001, ANN202
+def _write_dspark(
+    head: Any, base: PreTrainedModel | None, name: str, engines: list[str] | None, steps: int | None
+) -> FolderContents:
     head = _check_variant(head, "dspark", ("dspark",))
     serving_engines(engines, {"vllm": "", "sglang": "", "llama.cpp": ""}, "dspark")
     config = {
@@ -175,7 +181,9 @@ def _write_dspark(head, base, name, engines, steps):  # noqa: ANN001, ANN202
     return config, _state(head), _native_commands(head, name), notes
 
 
-def _write_speculators(head, base, name, engines, steps):  # noqa: ANN001, ANN202
+def _write_speculators(
+    head: Any, base: PreTrainedModel | None, name: str, engines: list[str] | None, steps: int | None
+) -> FolderContents:
     head = _check_variant(head, "speculators", ("dflash", "dspark"))
     if base is None:
         raise ValueError("the speculators format names its verifier: pass the base (--base)")
@@ -260,7 +268,7 @@ def _layout_fields(config: dict[str, Any], format: str) -> dict[str, Any]:
     return fields
 
 
-def _read(format: str):  # noqa: ANN202
+def _read(format: str) -> FolderReader:
     def read(config: dict[str, Any], tensors: dict[str, torch.Tensor], base: PreTrainedModel, where: str) -> Any:
         from specheads.methods.api import base_model_info, load_module_state
 

@@ -40,7 +40,7 @@ from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
-from specheads.methods.api import (
+from specheads.methods.api_decode import (
     Calibration,
     DraftHeads,
     base_layer_shape,

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from specheads.methods.api import (
     RANKS,
+    Evaluation,
     StepContext,
     StepResult,
     agreement_summary,
@@ -222,13 +223,14 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
                 count = int(valid[..., depth].sum())
                 if count:
                     metrics[f"depth_{depth + 1}/agreement"] = float(hits[..., depth].sum()) / count
-    return StepResult(loss, metrics)
+    # the loss is divided by its blocks (every anchor slot of the micro-batch), whatever counts in them
+    return StepResult(loss, metrics, weight=anchors.numel())
 
 
 @torch.inference_mode()
 def block_agreement(
     base: torch.nn.Module, head: DFlashHead, batches: Any, max_batches: int | None = None
-) -> dict[str, Any]:
+) -> Evaluation:
     """Per-depth agreement of the block drafter with the base's own greedy token on held-out data.
 
     Up to :data:`EVAL_ANCHORS` anchors per sequence, evenly spaced; depth d of the block at a counts where the data's

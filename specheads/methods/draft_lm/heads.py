@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from specheads.methods.api import (
+from specheads.methods.api_decode import (
     DraftHeads,
     HeadCheckpointError,
     base_model_info,
@@ -135,7 +135,7 @@ class DraftLM(DraftHeads):
         return draft
 
     def to_drafter(self, **kwargs: Any) -> Any:
-        from specheads.methods.api import DraftModelDrafter
+        from specheads.methods.api_decode import DraftModelDrafter
 
         return DraftModelDrafter(self.model, **kwargs)
 

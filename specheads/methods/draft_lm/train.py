@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from specheads.methods.api import (
+    Evaluation,
     StepContext,
     StepResult,
     TeacherLogits,
@@ -45,13 +46,11 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
     if scored.top is not None and rows.numel():
         wanted = teacher[rows].argmax(dim=-1)
         metrics["draft/agreement"] = float((scored.top[:, 0] == wanted).float().mean())
-    return StepResult(scored.loss, metrics)
+    return StepResult(scored.loss, metrics, weight=rows.numel())  # the mean KL over these rows
 
 
 @torch.no_grad()
-def draft_agreement(
-    base: torch.nn.Module, heads: DraftLM, batches: Any, max_batches: int | None = None
-) -> dict[str, list[float] | int]:
+def draft_agreement(base: torch.nn.Module, heads: DraftLM, batches: Any, max_batches: int | None = None) -> Evaluation:
     """How often the draft's greedy token equals the base's at held-out target positions (depth 1: the draft reads
     the true prefix), as ``agreement_with_base_greedy`` ``[1]`` with ``positions``."""
     agree = count = 0

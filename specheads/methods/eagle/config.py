@@ -84,6 +84,11 @@ class EagleHeadsConfig:
             raise ConfigError(f"heads.draft_vocab_size must be >= 1, got {size}")
 
     @property
+    def draft_vocab_ids(self) -> int | None:
+        """The draft vocabulary's size when it is given as a number of ids (None: the base's, or a coverage)."""
+        return self.draft_vocab_size if isinstance(self.draft_vocab_size, int) else None
+
+    @property
     def draft_vocab_coverage(self) -> float | None:
         """The share of training targets the draft vocabulary must cover, when it is given as a coverage."""
         return float(self.draft_vocab_size["coverage"]) if isinstance(self.draft_vocab_size, dict) else None

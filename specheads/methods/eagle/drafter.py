@@ -7,9 +7,10 @@ root and gives the depth-1 candidates. A depth-d node is fed as (its token, its 
 L - 2 + d and attends to every committed pair and to its own ancestors, exactly as the head was trained
 (:meth:`specheads.methods.eagle.heads.EagleHead.forward`).
 
-After the base verified a tree, the draft's tree entries are dropped (:func:`kv_cache.crop` back to the committed
-pairs): the accepted tokens are fed again next time, paired with the base's *true* features, which the base has
-only now computed. The cache therefore always equals one rebuilt from the committed tokens and the base's features.
+After the base verified a tree, the draft's tree entries are dropped (:func:`~specheads.inference.kv_cache.crop`
+back to the committed pairs): the accepted tokens are fed again next time, paired with the base's *true* features,
+which the base has only now computed. The cache therefore always equals one rebuilt from the committed tokens and
+the base's features.
 
 Trees: static (a Medusa-style choice list, ``chain-K``, a tree file: node ``(r1, ..., rd)`` is the rank-rd
 candidate of its parent's draft distribution) or ``"dynamic"`` (EAGLE-2, Li et al. 2024, arXiv 2406.16858): at every
@@ -22,47 +23,32 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from specheads.methods.api import (
+from specheads.methods.api_decode import (
     DecodeState,
     Drafter,
     DraftRequest,
-    DynamicTree,
     FeatureQueue,
     Proposal,
+    SlotCache,
     TreeBuffers,
-    TreeFamily,
+    advance,
     check_speculative_tokens,
-    dynamic_parameters,
-    kv_cache,
+    crop,
+    keep_rows,
+    new_cache,
     requested_tree,
     resolve_tree,
+    to_device,
     tree_from_parents,
+    tree_step_mask,
 )
+from specheads.methods.eagle.trees import TREES, DynamicTree
 
 DEFAULT_DYNAMIC = DynamicTree(top_k=4, depth=4, total_tokens=8)  # small: what pays on a CPU (see calibrate)
-
-
-class DynamicTrees(TreeFamily):
-    """EAGLE-2 dynamic trees: one per distinct ``(top_k, depth, total_tokens)`` that grows a static candidate's
-    shape (:func:`dynamic_parameters`); recorded as ``dynamic``."""
-
-    kinds = ("dynamic",)
-
-    def candidates(self, statics: Sequence[Sequence[Sequence[int]]], max_nodes: int) -> list[Any]:
-        params = {tuple(dynamic_parameters(c).values()): dynamic_parameters(c) for c in statics}
-        return [DynamicTree(**p) for p in params.values()]
-
-    def record(self, fastest: Any) -> dict[str, Any]:
-        return {"dynamic": vars(fastest)}
-
-
-TREES = DynamicTrees()  # the registry entry's tree family
 
 
 @dataclass
@@ -84,7 +70,7 @@ class _EagleState:
         consumed_on_device: ``consumed`` on the device (set when the queued pairs are fed).
     """
 
-    cache: kv_cache.SlotCache
+    cache: SlotCache
     consumed: list[int]
     queue: FeatureQueue = field(default_factory=FeatureQueue)
     consumed_on_device: torch.Tensor | None = None
@@ -109,8 +95,7 @@ class EagleDrafter(Drafter):
         self.head = head.eval()
         self.hidden_state_layers: tuple[int, ...] = tuple(head.hidden_state_layers)
         calibration = getattr(head, "calibration", None)
-        calibrated = calibration.dynamic if calibration is not None else None
-        self.dynamic = dynamic or (DynamicTree(**calibrated) if calibrated else DEFAULT_DYNAMIC)
+        self.dynamic = dynamic or TREES.calibrated(calibration) or DEFAULT_DYNAMIC
         self.auto_tree = resolve_tree(calibration.tree) if calibration is not None else None
         self.default_tree = self.resolve("dynamic" if tree is None else tree)
 
@@ -154,20 +139,18 @@ class EagleDrafter(Drafter):
     # ------------------------------------------------------------------ keeping the draft cache in step
     def reset(self, state: DecodeState) -> None:
         capacity = state.tokens.shape[1] + max(self._max_entries(None), 64) + 2
-        state.draft = _EagleState(
-            kv_cache.new_cache(state.batch_size, capacity, state.tokens.device), [0] * state.batch_size
-        )
+        state.draft = _EagleState(new_cache(state.batch_size, capacity, state.tokens.device), [0] * state.batch_size)
         self._receive(state)
 
     def accepted(self, state: DecodeState, num_accepted: list[int]) -> None:
         draft: _EagleState = state.draft
-        kv_cache.crop(draft.cache, draft.consumed)  # drop the tree entries; accepted tokens return with true features
+        crop(draft.cache, draft.consumed)  # drop the tree entries; accepted tokens return with true features
         draft.consumed_on_device = None
         self._receive(state)
 
     def keep_rows(self, state: DecodeState, keep: list[int]) -> None:
         draft: _EagleState = state.draft
-        kv_cache.keep_rows(draft.cache, keep)
+        keep_rows(draft.cache, keep)
         draft.consumed = [draft.consumed[i] for i in keep]
         draft.consumed_on_device = None
         draft.queue.keep_rows(keep)
@@ -189,15 +172,15 @@ class EagleDrafter(Drafter):
             return None
         features, counts = draft.queue.take()
         width, device = features.shape[1], features.device
-        meta = kv_cache.to_device([list(state.rows), draft.consumed, counts], device)
+        meta = to_device([list(state.rows), draft.consumed, counts], device)
         rows, consumed, lengths = meta[0], meta[1], meta[2]
         columns = consumed[:, None] + 1 + torch.arange(width, device=device)[None]  # token t + 1 of pair t
         input_ids = state.tokens[rows[:, None], columns.clamp_max(state.tokens.shape[1] - 1)]
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()[None]
-        mask = kv_cache.tree_step_mask(consumed, max(draft.consumed), causal)  # the cache holds `consumed` pairs
+        mask = tree_step_mask(consumed, max(draft.consumed), causal)  # the cache holds `consumed` pairs
         positions = columns - 1
         hidden = self.head.step(input_ids, features, positions, mask, draft.cache)  # [A, W, H]
-        kv_cache.advance(draft.cache, counts)
+        advance(draft.cache, counts)
         draft.consumed = [c + n for c, n in zip(draft.consumed, counts, strict=True)]
         draft.consumed_on_device = consumed + lengths
         last = (lengths - 1).clamp_min(0)
@@ -243,12 +226,12 @@ class EagleDrafter(Drafter):
         """
         batch, count = tokens.shape
         if draft.consumed_on_device is None:
-            draft.consumed_on_device = kv_cache.to_device(draft.consumed, tokens.device)
+            draft.consumed_on_device = to_device(draft.consumed, tokens.device)
         consumed = draft.consumed_on_device
-        mask = None if block is None else kv_cache.tree_step_mask(consumed, max(draft.consumed), block)
+        mask = None if block is None else tree_step_mask(consumed, max(draft.consumed), block)
         positions = (consumed - 1 + depth)[:, None].expand(batch, count)
         hidden = self.head.step(tokens, parent_hidden, positions, mask, draft.cache)
-        kv_cache.advance(draft.cache, [count] * batch)
+        advance(draft.cache, [count] * batch)
         return hidden, self.head.logits(hidden).float().log_softmax(dim=-1)
 
     def _static(self, draft: _EagleState, root: _Root, tree: TreeBuffers) -> torch.Tensor:
@@ -366,7 +349,7 @@ def measure_draft_cost(head: torch.nn.Module, prefix_len: int = 256, width: int 
     device = head.fc.weight.device
     hidden = torch.zeros(1, prefix_len, head.config.hidden_size, device=device, dtype=head.fc.weight.dtype)
     ids = torch.zeros(1, prefix_len, dtype=torch.long, device=device)
-    cache = kv_cache.new_cache()
+    cache = new_cache()
     mask = torch.ones(prefix_len, prefix_len, dtype=torch.bool, device=device).tril()[None, None]
     head.step(ids, hidden, torch.arange(prefix_len, device=device)[None], mask, cache)
     level_mask = torch.ones(1, 1, width, prefix_len + width, dtype=torch.bool, device=device)
@@ -379,7 +362,7 @@ def measure_draft_cost(head: torch.nn.Module, prefix_len: int = 256, width: int 
         if device.type == "cuda":
             torch.cuda.synchronize()
         samples.append(1000 * (time.perf_counter() - start))
-        kv_cache.crop(cache, prefix_len)
+        crop(cache, prefix_len)
     return statistics.median(samples[2:])
 
 

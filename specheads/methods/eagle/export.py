@@ -19,6 +19,8 @@ from specheads.methods.api import (
     EngineVerdict,
     ExportFormat,
     ExportResult,
+    FolderContents,
+    FolderReader,
     HeadCheckpointError,
     check_heads,
     config_architectures,
@@ -45,6 +47,7 @@ from specheads.methods.eagle.layouts import (
     swap_prefix,
     vllm_layer_ids,
 )
+from specheads.methods.eagle.trees import TREES, DynamicTree
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 SGLANG_EAGLE1 = "LlamaForCausalLMEagle"
@@ -66,15 +69,17 @@ def _draft_layer_config(head: EagleHead, architectures: list[str] | None) -> dic
     return config
 
 
+def _steps(head: EagleHead, requested: int | None) -> int:
+    """The draft length written for the engines: ``requested``, else the calibrated EAGLE-2 tree's depth, else 3."""
+    calibrated = TREES.calibrated(head.calibration)
+    return speculative_tokens(requested, 3 if calibrated is None else calibrated.depth)
+
+
 def _sglang_tree(heads: EagleHead, steps: int) -> str:
-    dynamic = (heads.calibration.dynamic if heads.calibration is not None else None) or {
-        "top_k": 4,
-        "depth": steps,
-        "total_tokens": 8,
-    }
+    tree = TREES.calibrated(heads.calibration) or DynamicTree(top_k=4, depth=steps, total_tokens=8)
     return (
-        f"--speculative-num-steps {dynamic['depth']} --speculative-eagle-topk {dynamic['top_k']} "
-        f"--speculative-num-draft-tokens {dynamic['total_tokens']}"
+        f"--speculative-num-steps {tree.depth} --speculative-eagle-topk {tree.top_k} "
+        f"--speculative-num-draft-tokens {tree.total_tokens}"
     )
 
 
@@ -123,9 +128,11 @@ def _eagle3_tensors(head: EagleHead, format: str) -> tuple[list[int], dict[str, 
     return ids, state
 
 
-def _eagle3(head, base, name, engines, steps):  # noqa: ANN001, ANN202 (one of four writers with one signature)
+def _eagle3(
+    head: Any, base: PreTrainedModel | None, name: str, engines: list[str] | None, steps: int | None
+) -> FolderContents:
     check_heads(head, "eagle3", EagleHead, 3)
-    steps = speculative_tokens(head, steps)
+    steps = _steps(head, steps)
     ids, tensors = _eagle3_tensors(head, "eagle3")
     possible = {"vllm": "", "sglang": ""}
     if min(ids) < 1:
@@ -161,7 +168,9 @@ def _eagle3(head, base, name, engines, steps):  # noqa: ANN001, ANN202 (one of f
     return config, tensors, commands, notes
 
 
-def _speculators(head, base, name, engines, steps):  # noqa: ANN001, ANN202
+def _speculators(
+    head: Any, base: PreTrainedModel | None, name: str, engines: list[str] | None, steps: int | None
+) -> FolderContents:
     check_heads(head, "speculators", EagleHead, 3)
     if base is None:
         raise ValueError(
@@ -169,7 +178,7 @@ def _speculators(head, base, name, engines, steps):  # noqa: ANN001, ANN202
             "does not fill in itself, and names the verifier"
         )
     serving_engines(engines, {"vllm": "", "speculators": ""}, "speculators")
-    steps = speculative_tokens(head, steps)
+    steps = _steps(head, steps)
     ids, state = _eagle3_tensors(head, "speculators")
     layer = _draft_layer_config(head, ["LlamaForCausalLM"])
     config = {
@@ -211,9 +220,11 @@ def _speculators(head, base, name, engines, steps):  # noqa: ANN001, ANN202
     return config, tensors, commands, notes
 
 
-def _eagle1(head, base, name, engines, steps):  # noqa: ANN001, ANN202
+def _eagle1(
+    head: Any, base: PreTrainedModel | None, name: str, engines: list[str] | None, steps: int | None
+) -> FolderContents:
     check_heads(head, "eagle", EagleHead, 1)
-    steps = speculative_tokens(head, steps)
+    steps = _steps(head, steps)
     bias = head.fc.bias
     nonzero = bias is not None and bool(bias.abs().max() > 0)
     possible = {
@@ -245,13 +256,21 @@ def _eagle1(head, base, name, engines, steps):  # noqa: ANN001, ANN202
     return config, tensors, commands, notes
 
 
-def _check_gguf_file(path, target):  # noqa: ANN001, ANN202
+def _check_gguf_file(path: str | Path, target: str | Path | None) -> CheckReport:
     from specheads.methods.eagle import gguf
 
     return gguf.check_gguf_draft(path, gguf.read_target_gguf(target) if target else None)
 
 
-def _export_gguf(heads, out, base, base_name, steps, dtype, target_gguf):  # noqa: ANN001, ANN202
+def _export_gguf(
+    heads: Any,
+    out: str | Path,
+    base: PreTrainedModel | None,
+    base_name: str | None,
+    steps: int | None,
+    dtype: str | torch.dtype | None,
+    target_gguf: str | Path | None,
+) -> ExportResult:
     from specheads.methods.eagle import gguf as llamacpp
 
     check_heads(heads, "gguf", EagleHead, 3)
@@ -273,7 +292,7 @@ def _export_gguf(heads, out, base, base_name, steps, dtype, target_gguf):  # noq
                 "folder with its tokenizer (--base)"
             )
         target = llamacpp.target_vocab_from_tokenizer(folder, heads.config.vocab_size)
-    steps = speculative_tokens(heads, steps)
+    steps = _steps(heads, steps)
     config, tensors, _, notes = _eagle3(heads, base, base_name or "", None, steps)
     report = llamacpp.write_gguf_draft(config, tensors, out, target, dtype)
     base_gguf = str(Path(target_gguf).resolve()) if target_gguf is not None else "<base.gguf>"
@@ -407,7 +426,7 @@ def _eagle3_tensor_rules(
     if any(n.startswith("layers.") and not n.startswith("layers.0.") for n in tensors):
         report.problems.append("more than one draft layer: specheads exports one, and engines disagree on the rest")
     expected = eagle3_shapes(geometry, prefix, fc_norm=bool(config.get("fc_norm")))
-    optional = {"embed_tokens.weight": (geometry.vocab_size, geometry.hidden_size)}
+    optional: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (geometry.vocab_size, geometry.hidden_size)}
     if "t2d" in expected:  # vLLM's and SGLang's EAGLE-3 loaders skip t2d (ModelOpt never writes it); speculators
         optional["t2d"] = expected.pop("t2d")  # needs it, which its own verdict checks
     report.problems += tensor_problems(tensors, expected, optional)
@@ -568,7 +587,7 @@ def _check_speculators(config: dict[str, Any], tensors: dict[str, torch.Tensor],
 def _check_eagle1(config: dict[str, Any], tensors: dict[str, torch.Tensor], report: CheckReport) -> None:
     geometry = llama_geometry(config)
     expected = eagle1_shapes(geometry)
-    optional = {"embed_tokens.weight": (geometry.vocab_size, geometry.hidden_size)}
+    optional: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (geometry.vocab_size, geometry.hidden_size)}
     bias = expected.pop("fc.bias")
     report.problems += tensor_problems(tensors, expected, {**optional, "fc.bias": bias})
     known = set(expected) | set(optional) | {"fc.bias"}
@@ -624,7 +643,7 @@ def _eagle_layout(config: dict[str, Any], names: set[str] | None) -> int | None:
     return 3 if any(n.endswith("hidden_norm.weight") for n in names) else 1
 
 
-def _read(version: int, format: str):  # noqa: ANN202
+def _read(version: int, format: str) -> FolderReader:
     def read(config: dict[str, Any], tensors: dict[str, torch.Tensor], base: PreTrainedModel, where: str) -> EagleHead:
         return _import_eagle(config, tensors, base, where, format)
 

@@ -492,7 +492,8 @@ def check_gguf_draft(path: str | Path, target: TargetVocab | None = None) -> Che
         verdict.problems.append(f"general.architecture is {arch!r}, llama.cpp's EAGLE-3 drafts are {ARCH!r}")
         return report
     ids = fields.get(f"{ARCH}.target_layers")
-    verdict.problems += layer_id_problems(list(ids) if ids is not None else None, target and target.num_layers)
+    layers = target.num_layers if target is not None else None
+    verdict.problems += layer_id_problems(list(ids) if ids is not None else None, layers)
     tensors = {t.name: t for t in reader.tensors}
     missing = [n for n in REQUIRED_TENSORS if n not in tensors]
     if missing:

@@ -44,7 +44,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from specheads.methods.api import (
+from specheads.methods.api_decode import (
     Calibration,
     DraftHeads,
     HeadCheckpointError,
@@ -53,7 +53,8 @@ from specheads.methods.api import (
     base_model_info,
     check_draft_map,
     draft_maps,
-    kv_cache,
+    layer_kwargs,
+    new_cache,
     select_draft_vocab,
     vocab_size,
 )
@@ -179,7 +180,7 @@ class Eagle3Layer(nn.Module):
             torch.cat([self.input_layernorm(embeds), normed], dim=-1),
             position_embeddings=position_embeddings,
             attention_mask=attention_mask,
-            **kv_cache.layer_kwargs(self.self_attn, cache),
+            **layer_kwargs(self.self_attn, cache),
         )
         hidden = residual + attended
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
@@ -197,6 +198,8 @@ class EagleHead(DraftHeads):
     config_class = EagleConfig
     family = "EAGLE"  # with config.version, how messages name these heads (EAGLE-1, EAGLE-3)
     bound_as = "this EAGLE head"
+    d2t: torch.Tensor | None  # buffers of a reduced draft vocabulary (see the module docstring), else None
+    t2d: torch.Tensor | None
 
     def __init__(self, config: EagleConfig, base_model: PreTrainedModel | None = None) -> None:
         super().__init__()
@@ -375,7 +378,7 @@ class EagleHead(DraftHeads):
                 hidden,
                 attention_mask=attention_mask,
                 position_embeddings=position_embeddings,
-                **kv_cache.layer_kwargs(self.midlayer, cache),
+                **layer_kwargs(self.midlayer, cache),
             )
         hidden = self.midlayer(embeds, features, position_embeddings, attention_mask, cache)
         return self.norm(hidden) if self.config.norm_output else hidden
@@ -450,7 +453,7 @@ class EagleHead(DraftHeads):
         eye = torch.eye(span, dtype=torch.bool, device=device)
         prefix = (torch.ones(span, span, dtype=torch.bool, device=device).tril()[None] & real[:, None, :]) | eye
         padded = torch.cat([input_ids, input_ids.new_zeros(batch, steps)], dim=1)  # tokens past the end: masked
-        cache = kv_cache.new_cache()
+        cache = new_cache()
         hiddens, logits = [], []
         for step in range(steps):
             mask = torch.cat([prefix] + [eye.expand(batch, span, span)] * step, dim=-1)[:, None]  # [B, 1, T-1, .]

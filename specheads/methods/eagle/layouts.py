@@ -56,7 +56,7 @@ def layer_shapes(geometry: Geometry, prefix: str, version: int) -> dict[str, tup
     """Shapes of one draft layer's tensors under ``prefix`` (EAGLE-3's q/k/v read 2h: embedding and feature)."""
     g = geometry
     width = 2 * g.hidden_size if version == 3 else g.hidden_size
-    shapes = {
+    shapes: dict[str, tuple[int, ...]] = {
         "self_attn.q_proj.weight": (g.num_attention_heads * g.head_dim, width),
         "self_attn.k_proj.weight": (g.num_key_value_heads * g.head_dim, width),
         "self_attn.v_proj.weight": (g.num_key_value_heads * g.head_dim, width),

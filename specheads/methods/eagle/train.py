@@ -19,6 +19,7 @@ from accelerate import PartialState
 
 from specheads.methods.api import (
     RANKS,
+    Evaluation,
     StepContext,
     StepResult,
     agreement_summary,
@@ -27,6 +28,7 @@ from specheads.methods.api import (
     draft_vocab_size_for_coverage,
     projected_top_k,
     select_draft_vocab,
+    teacher_greedy,
     teacher_logits,
     vocab_size,
 )
@@ -40,8 +42,8 @@ def build_heads(base: torch.nn.Module, section: EagleHeadsConfig, dataset: Any) 
     (as many as ``heads.draft_vocab_size`` says, or as cover its ``coverage``; the choice is printed)."""
     counts = None
     vocab = vocab_size(base)
-    size = section.draft_vocab_size
-    if section.version == 3 and size is not None and (section.draft_vocab_coverage is not None or size < vocab):
+    size = section.draft_vocab_ids  # None for a coverage, which sets it from the counts
+    if section.version == 3 and (section.draft_vocab_coverage is not None or (size is not None and size < vocab)):
         counts = token_counts(dataset, vocab)
         if section.draft_vocab_coverage is not None:
             size = draft_vocab_size_for_coverage(counts, section.draft_vocab_coverage)
@@ -92,14 +94,15 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
     No draft step's logits are built whole: the head's forward hands each step's projection inputs to a readout
     that keeps them, and at the last step :func:`eagle_loss` scores them all, a chunk of positions at a time,
     against the base's logits (inside the forward, where wrappers such as DDP and FSDP see the projection's use).
+    A logging step adds only the base's greedy tokens, a chunk of its logits at a time (:func:`teacher_greedy`).
     """
     section: EagleHeadsConfig = context.section
     head: EagleHead = context.module
     input_ids, loss_mask = batch["input_ids"], batch["loss_mask"] * batch["attention_mask"]
     corpus = section.targets == "corpus"
     draft_ids = head.draft_token_ids() if head.config.reduced_vocab else None
-    # The teacher is the base's logits over the draft vocabulary alone, from its final hidden state: the full
-    # [B, T, V] logits are built only for the logged agreement metric.
+    # The teacher is the base's logits over the draft vocabulary alone, from its final hidden state; the logged
+    # agreement metric reads the base's greedy tokens, never its whole [B, T, V] logits.
     features, out = context.base_features(batch, head.hidden_state_layers, full_logits=False)
     teacher = None if corpus else teacher_logits(context.base, out, draft_ids)
     steps = 1 if head.config.version == 1 else section.ttt_steps
@@ -126,20 +129,22 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
         loss = losses.loss
         metrics = {f"step_{step}/loss": float(value) for step, value in enumerate(losses.step_losses)}
     if context.log_metrics:
-        full = teacher_logits(context.base, out, None)
+        greedy = teacher_greedy(context.base, out)  # [B, T]
         for step, (top, mask) in enumerate(zip(losses.tops, losses.masks, strict=True)):
-            metrics[f"step_{step}/agreement"] = _agreement(head, top, full, step, mask)
-    return StepResult(loss, metrics)
+            metrics[f"step_{step}/agreement"] = _agreement(head, top, greedy, step, mask)
+    # each step's loss is a mean over its positions: the first step's count weighs it (later steps count a few fewer)
+    return StepResult(loss, metrics, weight=int(losses.masks[0].sum()))
 
 
-def _agreement(head: EagleHead, top: torch.Tensor, base_logits: torch.Tensor, step: int, mask: torch.Tensor) -> float:
+def _agreement(head: EagleHead, top: torch.Tensor, greedy: torch.Tensor, step: int, mask: torch.Tensor) -> float:
     """Teacher-forced agreement of step ``step``'s top-1 with the base's greedy token (a training-time signal).
 
-    ``top`` ``[M, 1]`` holds the draft's top-1 (draft ids) at the M positions of ``mask`` ``[B, T - 1]``, in order.
+    ``top`` ``[M, 1]`` holds the draft's top-1 (draft ids) at the M positions of ``mask`` ``[B, T - 1]``, in order;
+    ``greedy`` ``[B, T]`` the base's greedy token after each position.
     """
     with torch.no_grad():
         batch_index, position = mask.nonzero(as_tuple=True)
-        wanted = base_logits[batch_index, position + 1 + step].argmax(dim=-1)  # the base's token at t + 2 + step
+        wanted = greedy[batch_index, position + 1 + step]  # the base's token at t + 2 + step
         drafted = head.to_target(top[:, 0])
         return float((drafted == wanted).sum() / max(int(mask.sum()), 1))
 
@@ -147,7 +152,7 @@ def _agreement(head: EagleHead, top: torch.Tensor, base_logits: torch.Tensor, st
 @torch.inference_mode()
 def eagle_agreement(
     base: torch.nn.Module, head: EagleHead, batches: Any, max_batches: int | None = None, depth: int = 5
-) -> dict[str, Any]:
+) -> Evaluation:
     """Per-depth agreement of the draft with the base's own greedy token on held-out data.
 
     Depth d + 1 is the draft unrolled d steps on its own outputs (:meth:`EagleHead.forward`) along the data. It is

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from specheads.methods.api import (
+from specheads.methods.api_decode import (
     DecodeState,
     Drafter,
     DraftRequest,
     Proposal,
+    TreeBuffers,
     chain_choices,
     check_chain_request,
     resolve_tree,
@@ -38,7 +39,7 @@ class MedusaDrafter(Drafter):
             self.default_tree = self.resolve(tree)
         self._check_depth(self.default_tree.max_depth)
 
-    def resolve(self, tree: str | list):  # noqa: ANN201 - TreeBuffers
+    def resolve(self, tree: str | list) -> TreeBuffers:
         """A tree spec for these heads; ``"auto"`` is the tree calibrated for them on this machine."""
         if tree == "auto":
             if self.auto_tree is None:
@@ -53,8 +54,10 @@ class MedusaDrafter(Drafter):
                 f"use a tree of depth <= {self.num_heads}"
             )
 
-    def _tree(self, request: DraftRequest):  # noqa: ANN202 - TreeBuffers
+    def _tree(self, request: DraftRequest) -> TreeBuffers:
         if request.tree is not None:
+            if not isinstance(request.tree, TreeBuffers):  # resolve() gives static trees only
+                raise ValueError(f"Medusa heads take static trees, got {request.tree!r}")
             return request.tree
         if request.num_speculative_tokens is not None:
             return tree_from_choices(chain_choices(request.num_speculative_tokens))

@@ -18,6 +18,7 @@ from specheads.methods.api import (
     CheckReport,
     EngineVerdict,
     ExportFormat,
+    FolderContents,
     HeadCheckpointError,
     check_heads,
     serving_engines,
@@ -43,7 +44,9 @@ def medusa_shapes(num_heads: int, num_layers: int, hidden: int, vocab: int, own_
     return shapes
 
 
-def _medusa(heads, base, name, engines, steps):  # noqa: ANN001, ANN202
+def _medusa(
+    heads: Any, base: PreTrainedModel | None, name: str, engines: list[str] | None, steps: int | None
+) -> FolderContents:
     check_heads(heads, "medusa", MedusaHeads)
     config_h = heads.config
     layers = config_h.num_layers

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from specheads.methods.api import (
+from specheads.methods.api_decode import (
     Calibration,
     DraftHeads,
     Readout,

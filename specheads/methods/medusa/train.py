@@ -14,6 +14,7 @@ from specheads.methods.api import (
 )
 from specheads.methods.medusa.config import HeadsConfig
 from specheads.methods.medusa.heads import MedusaHeads
+from specheads.methods.medusa.joint import LoraJointTraining
 from specheads.methods.medusa.losses import medusa2_head_weights, medusa_head_loss, stack_head_losses
 
 
@@ -25,16 +26,16 @@ def build_heads(base: torch.nn.Module, section: HeadsConfig, dataset: Any) -> Me
 
 
 def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResult:
-    """The loss of one micro-batch: one base forward for all heads (with gradients only in Medusa-2's joint stage,
-    ``context.joint`` set and past ``lora.stage1_steps``).
+    """The loss of one micro-batch: one base forward for all heads (with gradients only in Medusa-2's joint stage:
+    ``context.joint`` is the run's :class:`LoraJointTraining` and the step is past ``lora.stage1_steps``).
 
     No head's ``[B, T, V]`` logits are built: the heads' forward hands each head's projection to
     :func:`medusa_head_loss`, which scores a chunk of positions at a time; the base's own losses (Medusa-2) are
     computed in chunks of its logits.
     """
-    lora = context.joint
+    lora = _lora(context)
     input_ids, attention, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-    joint = lora is not None and context.step >= lora.stage1_steps
+    joint = isinstance(context.joint, LoraJointTraining) and context.joint.trains_base(context.step)
     # the state the base's lm_head reads [B, T, H] (or the feature cache's); all logits only for Medusa-2's own loss
     (hidden,), out = context.base_features(batch, (-1,), grad=joint, logits_to_keep=0 if lora is not None else 1)
 
@@ -59,7 +60,8 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
         metrics[f"head_{head}/loss"] = float(head_losses.loss[head].detach())
         metrics[f"head_{head}/top1"] = float(head_losses.top1[head])
         metrics[f"head_{head}/top5"] = float(head_losses.top5[head])
-    return StepResult(loss, metrics)
+    # each head's loss is a mean over its targets: head 0's count weighs them (head k counts k fewer a row at most)
+    return StepResult(loss, metrics, weight=float(head_losses.count[0]))
 
 
 def _base_loss(
@@ -71,9 +73,14 @@ def _base_loss(
 ) -> torch.Tensor:
     """Medusa-2's loss of the base itself: the next-token CE, or the KL to the adapter-free base
     (``lora.self_distillation``)."""
-    if not context.joint.self_distillation:
+    if not _lora(context).self_distillation:
         return lm_loss(logits, input_ids, loss_mask)
     model = context.accelerator.unwrap_model(context.base)
-    with torch.no_grad(), model.disable_adapter():
+    with torch.no_grad(), context.joint.original(model):
         teacher = model(input_ids=input_ids, attention_mask=attention).logits
     return distillation_loss(logits, teacher, loss_mask)
+
+
+def _lora(context: StepContext) -> Any:
+    """The recipe's ``lora`` section under Medusa-2's joint training, else None (Medusa-1: a frozen base)."""
+    return context.joint.lora if isinstance(context.joint, LoraJointTraining) else None

@@ -8,9 +8,9 @@ from helpers import ARCHITECTURES, greedy_reference, tiny_model
 
 from specheads import SpecDecoder
 from specheads.inference.state import DecodeState
-from specheads.inference.trees import BlockTree
 from specheads.methods.dflash.drafter import DFlashDrafter, ddtree
 from specheads.methods.dflash.heads import DFlashHead
+from specheads.methods.dflash.trees import BlockTree
 from specheads.methods.eagle.drafter import EagleDrafter
 from specheads.methods.eagle.heads import EagleHead
 

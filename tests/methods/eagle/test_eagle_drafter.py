@@ -21,8 +21,9 @@ from specheads.heads import EagleHead, MedusaHeads
 from specheads.inference import kv_cache
 from specheads.inference.sampling import SamplingParams
 from specheads.inference.state import DecodeState, DraftRequest
-from specheads.inference.trees import DynamicTree, TreeBuffers, resolve_tree, tree_from_parents
+from specheads.inference.trees import TreeBuffers, resolve_tree, tree_from_parents
 from specheads.methods.eagle.drafter import EagleDrafter, _ancestry, _EagleState, _Root
+from specheads.methods.eagle.trees import DynamicTree
 from specheads.methods.medusa.drafter import MedusaDrafter
 
 VOCAB = 96

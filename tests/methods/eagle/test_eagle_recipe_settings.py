@@ -21,10 +21,11 @@ from specheads.heads import load_heads
 from specheads.heads.vocab import draft_vocab_coverage, draft_vocab_size_for_coverage, select_draft_vocab
 from specheads.methods.eagle.config import EagleHeadsConfig
 from specheads.methods.eagle.train import build_heads, token_counts, train_step
+from specheads.training.batches import collate_trimmed
 from specheads.training.config import ConfigError, load_config
 from specheads.training.data import build_dataset
 from specheads.training.step import StepContext
-from specheads.training.trainer import collate_trimmed, train
+from specheads.training.trainer import train
 
 
 @pytest.fixture(scope="module")

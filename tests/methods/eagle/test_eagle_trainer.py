@@ -225,18 +225,18 @@ def _fsdp_on_cpu_blocker(tmp_path: Path) -> str | None:
 def test_what_the_fsdp_path_does_not_cover_is_refused(workspace, tmp_path) -> None:
     """Checked before the base loads: FSDP2, and held-out evaluation (it runs on one process, while a sharded base's
     forward needs all of them: it would hang)."""
-    from specheads.training.trainer import _check_fsdp_recipe
+    from specheads.training.processes import check_fsdp_recipe
 
     def fsdp(version: int) -> SimpleNamespace:  # the part of an Accelerator the check reads
         return SimpleNamespace(state=SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=version)))
 
     plain = load_config(None, _overrides(workspace, tmp_path / "ok"))
-    _check_fsdp_recipe(plain, fsdp(1))
+    check_fsdp_recipe(plain, fsdp(1))
     with pytest.raises(ConfigError, match="fsdp_version 2: specheads shards the base with FSDP1"):
-        _check_fsdp_recipe(plain, fsdp(2))
+        check_fsdp_recipe(plain, fsdp(2))
     evaluated = load_config(None, _overrides(workspace, tmp_path / "eval", **{"data.heldout_fraction": 0.1}))
     with pytest.raises(ConfigError, match="held-out evaluation is not supported under FSDP"):
-        _check_fsdp_recipe(evaluated, fsdp(1))
+        check_fsdp_recipe(evaluated, fsdp(1))
 
 
 @pytest.mark.slow
@@ -357,17 +357,61 @@ def test_a_soft_capped_base_keeps_its_full_logits() -> None:
     torch.testing.assert_close(teacher_logits(base, out, torch.tensor([2, 3])), out.logits[..., [2, 3]])
 
 
+def test_a_logging_step_projects_the_bases_logits_a_chunk_at_a_time_and_changes_no_loss(monkeypatch) -> None:
+    """The logged agreement reads the base's greedy tokens: no projection through the base's lm_head gives more
+    than one chunk of positions (8 here) of full-vocabulary logits, every position is projected once, and the
+    losses are a plain step's."""
+    import datasets
+    from accelerate import Accelerator
+
+    from specheads.methods.eagle.config import EagleHeadsConfig
+    from specheads.methods.eagle.train import build_heads, train_step
+    from specheads.training import losses as shared_losses
+    from specheads.training.step import StepContext
+
+    base = _base()
+    vocab, chunk = base.config.vocab_size, 8
+    ids = torch.randint(2, vocab, (4, 24), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    section = EagleHeadsConfig(version=3, draft_vocab_size=48, ttt_steps=2)
+    rows = datasets.Dataset.from_dict({key: value.tolist() for key, value in batch.items()}).with_format("torch")
+    head = build_heads(base, section, rows)  # the draft vocabulary: the batch's most frequent targets
+    monkeypatch.setattr(shared_losses, "CHUNK_ELEMENTS", chunk * vocab)
+    lm_head = base.get_output_embeddings().weight
+    projected: list[int] = []  # positions of each projection through the base's whole lm_head
+    linear = torch.nn.functional.linear
+
+    def watched(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out = linear(inputs, weight, bias)
+        if weight.data_ptr() == lm_head.data_ptr():
+            projected.append(out.numel() // vocab)
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "linear", watched)
+    results = {}
+    for logging in (False, True):
+        projected.clear()
+        context = StepContext(0, 0, 0, section, None, logging, base, head, Accelerator(cpu=True))
+        results[logging] = (train_step(context, batch), list(projected))
+    (plain, plain_projected), (logged, logged_projected) = results[False], results[True]
+    assert max(logged_projected) <= chunk, logged_projected
+    assert sum(logged_projected) - sum(plain_projected) == ids.numel()  # the greedy token of every position, once
+    assert "step_1/agreement" in logged.metrics and "step_1/agreement" not in plain.metrics
+    assert torch.equal(logged.loss, plain.loss)
+    assert {k: v for k, v in logged.metrics.items() if "agreement" not in k} == plain.metrics
+
+
 @pytest.mark.parametrize(
     ("dtype", "setting", "native", "expected"),
     [("bfloat16", "auto", True, "bf16"), ("bfloat16", "auto", False, "no"), ("float32", "auto", True, "no"),
      ("float32", "bf16", False, "bf16"), ("bfloat16", "no", True, "no")],
 )  # fmt: skip
 def test_mixed_precision_on_a_cpu(monkeypatch, workspace, tmp_path, dtype, setting, native, expected) -> None:
-    from specheads.training import trainer
+    from specheads.training import processes
 
     monkeypatch.setenv("SPECHEADS_CPU_BF16", "1" if native else "0")
     overrides = _overrides(workspace, tmp_path, **{"model.dtype": dtype, "train.mixed_precision": setting})
-    assert trainer.mixed_precision(load_config(None, overrides)) == expected
+    assert processes.mixed_precision(load_config(None, overrides)) == expected
 
 
 def test_a_bad_mixed_precision_is_refused(workspace, tmp_path) -> None:

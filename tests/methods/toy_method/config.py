@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specheads.methods.api import ConfigError
+from specheads.methods.api_train import ConfigError
 
 
 @dataclass

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from specheads.methods.api import (
+from specheads.methods.api_decode import (
     DecodeState,
     Drafter,
     DraftRequest,

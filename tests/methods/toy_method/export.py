@@ -17,6 +17,7 @@ from specheads.methods.api import (
     EngineVerdict,
     ExportFormat,
     ExportResult,
+    FolderContents,
     check_heads,
     shape_error,
     tensor_problems,
@@ -30,7 +31,7 @@ TOY_WEIGHTS = "toy.safetensors"
 TENSORS = ("layer.weight", "layer.bias")
 
 
-def _write(heads: ToyHeads, base: Any, name: str, engines: list[str] | None, steps: int | None) -> tuple:
+def _write(heads: ToyHeads, base: Any, name: str, engines: list[str] | None, steps: int | None) -> FolderContents:
     check_heads(heads, "toy", ToyHeads)
     config = {
         "toy_depth": heads.config.depth,

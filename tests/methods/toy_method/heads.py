@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specheads.methods.api import DraftHeads, base_model_info, vocab_size
+from specheads.methods.api_decode import DraftHeads, base_model_info, vocab_size
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specheads.methods.api import RANKS, StepContext, StepResult, agreement_summary
+from specheads.methods.api import RANKS, Evaluation, StepContext, StepResult, agreement_summary
 
 from .config import ToyHeadsConfig
 from .heads import ToyHeads
@@ -42,7 +42,7 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
 
 
 @torch.inference_mode()
-def evaluate(base: torch.nn.Module, heads: ToyHeads, batches: Any, max_batches: int | None = None) -> dict[str, Any]:
+def evaluate(base: torch.nn.Module, heads: ToyHeads, batches: Any, max_batches: int | None = None) -> Evaluation:
     """Per-depth agreement of the chain with the base's greedy token along the data (teacher-forced).
 
     Returns:
