@@ -148,7 +148,8 @@ PROMPT_LOOKUP_HELP = (
 LOOKUP_CORPUS_HELP = (
     "a JSONL of earlier outputs (token-id lists, or records with 'response', assistant 'conversations' or 'text') "
     "that prompt lookup also matches, indexed once; a request's own continuation wins at equal match length "
-    "(implies --prompt-lookup). Off by default"
+    "(implies --prompt-lookup). Off by default: on MT-Bench with SmolLM2-135M in bf16 its distilled answers raised "
+    "tau (lookup alone 1.73 to 2.20, eagle+lookup 2.38 to 2.63) but not clearly tokens/s, their trees being larger"
 )
 
 
