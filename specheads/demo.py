@@ -31,6 +31,7 @@ DEMO_TRAINING = [
     "data.paths=[default-corpus:train]",
     "data.max_length=128",
     "data.limit=400",
+    "heads.type=medusa",
     "heads.num_heads=3",
     "train.batch_size=8",
     "train.lr=2e-3",

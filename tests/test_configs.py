@@ -46,6 +46,17 @@ def test_every_recipe_loads_through_the_schema(path: Path) -> None:
     assert config.output.dir
 
 
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_recipe_names_its_method_and_output_directory(path: Path) -> None:
+    """A shipped recipe states ``heads.type`` and ``output.dir`` itself: what it trains and where it writes never
+    follow the schema's defaults, so that changing a default changes no shipped recipe."""
+    import yaml
+
+    recipe = yaml.safe_load(path.read_text())
+    assert (recipe.get("heads") or {}).get("type"), f"{path.name}: no heads.type"
+    assert (recipe.get("output") or {}).get("dir"), f"{path.name}: no output.dir"
+
+
 @pytest.mark.parametrize("path", LAUNCH_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_accelerate_config_loads_with_accelerate(path: Path) -> None:
     """accelerate's own loader (what ``accelerate launch --config_file`` runs) rejects unknown keys and bad values."""

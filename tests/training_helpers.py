@@ -52,6 +52,7 @@ def medusa_overrides(workspace: Path, out: Path, **extra) -> list[str]:
         "data.paths": f"[{workspace / 'data'}]",
         "data.format": "text",
         "data.max_length": 32,
+        "heads.type": "medusa",
         "heads.num_heads": 2,
         "train.batch_size": 4,
         "train.steps": 12,

@@ -44,8 +44,8 @@ MUTATIONS = (
         "eagle-logging-step-full-teacher",
         "EAGLE's logging step builds the base's whole [B, T, V] logits to take their argmax",
         "specheads/methods/eagle/train.py",
-        "        greedy = teacher_greedy(context.base, out)  # [B, T]\n",
-        "        greedy = teacher_logits(context.base, out, None).argmax(dim=-1)  # [B, T]\n",
+        "        greedy = view.greedy()  # [B, T]\n",
+        "        greedy = view.teacher().argmax(dim=-1)  # [B, T]\n",
         (LOGGING_STEP,),
     ),
     Mutation(

@@ -67,8 +67,8 @@ MUTATIONS = (
         "eagle-features-off-by-one",
         "the EAGLE train step pairs token t + 1 with the base's feature of t - 1",
         "specheads/methods/eagle/train.py",
-        "    features, out = context.base_features(batch, head.hidden_state_layers, full_logits=False)\n",
-        "    features, out = context.base_features(batch, head.hidden_state_layers, full_logits=False)\n"
+        "    features, view = context.base_features(batch, head.hidden_state_layers, full_logits=False)\n",
+        "    features, view = context.base_features(batch, head.hidden_state_layers, full_logits=False)\n"
         "    features = [torch.roll(feature, 1, dims=1) for feature in features]\n",
         (
             "tests/training/test_training_quality.py::test_trained_heads_agree_with_the_base_far_more_than_untrained_ones[eagle3]",

@@ -83,13 +83,13 @@ from specheads.methods.api_export import (
 )
 from specheads.methods.api_train import (
     RANKS,
+    BaseView,
     ConfigError,
     Evaluation,
     StepContext,
     StepResult,
     TeacherLogits,
     agreement_summary,
-    base_output,
     distillation_loss,
     draft_vocab_coverage,
     draft_vocab_size_for_coverage,
@@ -97,13 +97,12 @@ from specheads.methods.api_train import (
     linear_cross_entropy,
     lm_loss,
     projected_top_k,
-    teacher_greedy,
-    teacher_logits,
 )
 
 __all__ = [
     "RANKS",
     "SAFETENSORS_WEIGHTS",
+    "BaseView",
     "SPECULATORS_VERSION",
     "Calibration",
     "CheckReport",
@@ -135,7 +134,6 @@ __all__ = [
     "agreement_summary",
     "base_layer_shape",
     "base_model_info",
-    "base_output",
     "chain_choices",
     "chain_proposal",
     "check_chain_request",
@@ -169,8 +167,6 @@ __all__ = [
     "serving_engines",
     "shape_error",
     "speculative_tokens",
-    "teacher_greedy",
-    "teacher_logits",
     "tensor_problems",
     "to_device",
     "tree_from_choices",

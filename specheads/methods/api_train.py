@@ -1,5 +1,6 @@
-"""What a method needs to train: recipe errors, the step's typed context and result, the base's features and
-teacher, the shared losses, held-out agreement, draft-vocabulary statistics.
+"""What a method needs to train: recipe errors, the step's typed context and result, the base's view of a batch
+(its features, teacher and greedy tokens, for training and held-out evaluation alike), the shared losses, held-out
+agreement, draft-vocabulary statistics.
 
 One of the three phase modules of the method API (:mod:`specheads.methods.api` says which holds what). Each name is
 documented where it is defined.
@@ -11,7 +12,7 @@ from specheads.heads.vocab import draft_vocab_coverage, draft_vocab_size_for_cov
 from specheads.registry import Evaluation
 from specheads.training.config import ConfigError
 from specheads.training.evaluate import RANKS, agreement_summary
-from specheads.training.features import base_output, teacher_greedy, teacher_logits
+from specheads.training.features import BaseView
 from specheads.training.losses import (
     TeacherLogits,
     distillation_loss,
@@ -24,13 +25,13 @@ from specheads.training.step import StepContext, StepResult
 
 __all__ = [
     "RANKS",
+    "BaseView",
     "ConfigError",
     "Evaluation",
     "StepContext",
     "StepResult",
     "TeacherLogits",
     "agreement_summary",
-    "base_output",
     "distillation_loss",
     "draft_vocab_coverage",
     "draft_vocab_size_for_coverage",
@@ -38,6 +39,4 @@ __all__ = [
     "linear_cross_entropy",
     "lm_loss",
     "projected_top_k",
-    "teacher_greedy",
-    "teacher_logits",
 ]

@@ -23,6 +23,9 @@ of a learning curve share one cache; and data whose first rows are the cache's (
 the cache: only the new rows go through the base.
 Reading is by memory-mapped safetensors; a row is returned cut to its real length and batches are right-padded by
 :func:`collate_padded`.
+
+Training steps and every method's held-out evaluation read the base through one :class:`BaseView` a batch, built
+from a forward or from a cached batch alike: hidden states by layer, the teacher and the greedy tokens.
 """
 
 from __future__ import annotations
@@ -448,3 +451,55 @@ def teacher_greedy(base: torch.nn.Module, out: Any) -> torch.Tensor:
     head = base.get_output_embeddings()
     hidden = out.hidden_states[len(out.hidden_states) - 1]
     return projected_top_k(hidden.to(head.weight.dtype), head.weight, head.bias, 1)[..., 0]
+
+
+class BaseView:
+    """The frozen base seen once for a batch: every way a training step or a held-out evaluation reads the base.
+
+    Built by :meth:`of` from one forward of the base or from a feature-cache batch (:class:`CachedOutput`), so that
+    a method never calls the base itself. ``hidden_states[layer]`` (or :meth:`hidden`) and :attr:`final` are the
+    base's hidden states; :meth:`teacher` its logits over some columns and :meth:`greedy` its greedy tokens,
+    projected from the final state through the lm_head with the base's own logit transform, the greedy tokens a
+    chunk of positions at a time (:func:`teacher_logits`, :func:`teacher_greedy`); :attr:`logits` the whole
+    ``[B, T, V]`` logits, for a loss that reads every column.
+    """
+
+    def __init__(self, base: torch.nn.Module, output: Any) -> None:
+        self.base = base
+        self.output = output  # a base forward's output, or a CachedOutput
+
+    @classmethod
+    def of(
+        cls, base: torch.nn.Module, batch: dict[str, torch.Tensor], full_logits: bool = True, **kwargs: Any
+    ) -> BaseView:
+        """The view of ``batch`` (see :func:`base_output`: ``full_logits=False`` skips the forward's ``[B, T, V]``
+        logits where :meth:`teacher` and :meth:`greedy` can rebuild them; ``kwargs`` go to the forward)."""
+        return cls(base, base_output(base, batch, full_logits=full_logits, **kwargs))
+
+    @property
+    def hidden_states(self) -> Any:
+        """The base's hidden states, indexed by layer (0: the embeddings; ``-1``: the final, normed state)."""
+        return self.output.hidden_states
+
+    def hidden(self, layer: int) -> torch.Tensor:
+        """``[B, T, H]`` the base's hidden state at ``layer`` (a ``hidden_states`` index)."""
+        return self.output.hidden_states[layer]
+
+    @property
+    def final(self) -> torch.Tensor:
+        """``[B, T, H]`` the final hidden state, the one the lm_head reads."""
+        return self.hidden(len(self.output.hidden_states) - 1)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """``[B, T, V]`` the base's logits at every position (the forward's own; the cached teacher's otherwise)."""
+        return self.output.logits
+
+    def teacher(self, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, T, C]`` the base's logits restricted to ``columns`` (None: all ``V``; :func:`teacher_logits`)."""
+        return teacher_logits(self.base, self.output, columns)
+
+    def greedy(self) -> torch.Tensor:
+        """``[B, T]`` the base's greedy token after every position, a chunk of positions at a time
+        (:func:`teacher_greedy`)."""
+        return teacher_greedy(self.base, self.output)

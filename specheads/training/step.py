@@ -6,9 +6,9 @@ and calls the method's ``train_step(context, batch)`` (named by its registry ent
 returns a :class:`StepResult`: the loss to back-propagate and the metrics to log. A method never sees the trainer's
 own state.
 
-The frozen base's output for the micro-batch (one forward, or the feature cache's rows when the batch carries them)
-comes through :meth:`StepContext.base_features`, called with the layers the method's heads declare, as the decoder
-gathers the features a drafter declares.
+The frozen base's view of the micro-batch (a :class:`~specheads.training.features.BaseView` of one forward, or of
+the feature cache's rows when the batch carries them) comes through :meth:`StepContext.base_features`, called with
+the layers the method's heads declare, as the decoder gathers the features a drafter declares.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from specheads.training.features import base_output
+from specheads.training.features import BaseView
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -112,24 +112,24 @@ class StepContext:
         full_logits: bool = True,
         grad: bool = False,
         **kwargs: Any,
-    ) -> tuple[list[torch.Tensor], Any]:
-        """The base's output for ``batch`` (one forward, or the feature cache's rows) and, in float32, its
+    ) -> tuple[list[torch.Tensor], BaseView]:
+        """The base's view of ``batch`` (one forward, or the feature cache's rows) and, in float32, its
         ``hidden_states[layer]`` for each of ``layers`` (the layers the heads read).
 
         Args:
             batch: the micro-batch (``input_ids``, ``attention_mask``; ``hidden.<layer>`` from a feature cache).
             layers: indices into the base's ``hidden_states`` (``-1``: the final state, which the lm_head reads).
-            full_logits: see :func:`~specheads.training.features.base_output`.
+            full_logits: see :meth:`~specheads.training.features.BaseView.of`.
             grad: run the forward with gradients (the base trains jointly with the heads); without, no graph.
             kwargs: passed to the base's forward (``logits_to_keep``).
 
         Returns:
-            ``(features, output)``: one ``[B, T, H]`` tensor per layer, and the base's output (``logits``,
-            ``hidden_states``).
+            ``(features, view)``: one ``[B, T, H]`` tensor per layer, and the base's view of the batch
+            (``logits``, ``hidden_states``, the teacher and the greedy tokens).
         """
         with torch.set_grad_enabled(grad):
-            out = base_output(self.base, batch, full_logits=full_logits, **kwargs)
-        return [out.hidden_states[layer].float() for layer in layers], out
+            view = BaseView.of(self.base, batch, full_logits=full_logits, **kwargs)
+        return [view.hidden(layer).float() for layer in layers], view
 
 
 @dataclass

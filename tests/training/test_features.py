@@ -11,6 +11,7 @@ from helpers import tiny_model, tiny_tokenizer
 from specheads.training.config import load_config
 from specheads.training.features import (
     _EXACT_TRANSFORMS,
+    BaseView,
     CachedFeatures,
     CachedOutput,
     FeatureCacheError,
@@ -298,3 +299,32 @@ def test_the_teachers_greedy_tokens_come_a_chunk_of_positions_at_a_time(monkeypa
     with torch.no_grad():
         full = base_output(base, batch).logits
     assert torch.equal(teacher_greedy(base, lean), full.argmax(dim=-1))
+
+
+# ------------------------------------------------------------------------------------------ one view of the base
+@pytest.mark.parametrize("model_type", ["llama", "gemma2"])
+def test_the_view_of_a_batch_reads_as_the_forward_online_and_from_the_cache(tmp_path, model_type: str) -> None:
+    """A :class:`BaseView` of a forward (its whole logits skipped) and of the cache's batch: the hidden states by
+    layer, the final state, the teacher over some columns and the greedy tokens are the forward's own (Gemma 2's
+    logits soft-capped on top of its lm_head)."""
+    if model_type == "llama":
+        base = tiny_model("llama", seed=1, layers=4)
+    else:
+        base = _transformed_base(model_type, **TRANSFORMED[model_type])
+    rows = _rows()
+    write_feature_cache(base, rows, LAYERS, tmp_path, rows_fingerprint(rows), rows_per_shard=4, progress=False)
+    batch = collate_padded([CachedFeatures(tmp_path)[index] for index in range(6)])
+    plain = {name: batch[name].long() for name in ("input_ids", "attention_mask", "loss_mask")}
+    with torch.no_grad():
+        out = base(input_ids=plain["input_ids"], attention_mask=plain["attention_mask"], output_hidden_states=True)
+    real = batch["attention_mask"].bool()
+    columns = torch.tensor([5, 2, 17, 40])
+    online, cached = BaseView.of(base, plain, full_logits=False), BaseView.of(base, batch)
+    assert isinstance(cached.output, CachedOutput) and not isinstance(online.output, CachedOutput)
+    for view, tolerance in ((online, 1e-5), (cached, 2e-2)):  # the cache holds bf16 features
+        close = dict(rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(view.final.float()[real], out.hidden_states[-1][real], **close)
+        torch.testing.assert_close(view.hidden(2).float()[real], out.hidden_states[2][real], **close)
+        with torch.no_grad():
+            torch.testing.assert_close(view.teacher(columns)[real].float(), out.logits[..., columns][real], **close)
+            assert torch.equal(view.greedy()[real], out.logits.argmax(dim=-1)[real])

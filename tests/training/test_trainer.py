@@ -342,7 +342,7 @@ def test_heldout_evaluation_reports_agreement_per_head(workspace, tmp_path) -> N
 
 def test_head_agreement_by_hand() -> None:
     """Heads that copy the base's own next-token logits one step late agree perfectly by construction."""
-    from specheads.training.evaluate import head_agreement
+    from specheads.methods.medusa.evaluate import head_agreement
 
     base = tiny_model("llama", seed=3)
     ids = torch.randint(2, 96, (2, 12), generator=torch.Generator().manual_seed(0))

@@ -25,11 +25,11 @@ import torch.nn.functional as F
 
 from specheads.methods.api import (
     RANKS,
+    BaseView,
     Evaluation,
     StepContext,
     StepResult,
     agreement_summary,
-    base_output,
 )
 from specheads.methods.dflash.config import DFlashHeadsConfig
 from specheads.methods.dflash.heads import DFlashHead
@@ -257,14 +257,14 @@ def block_agreement(
         batch = {key: value.to(device) for key, value in batch.items() if isinstance(value, torch.Tensor)}
         input_ids = batch["input_ids"].long()
         attention_mask, loss_mask = batch["attention_mask"], batch["loss_mask"]
-        out = base_output(base, batch)
-        features = [out.hidden_states[i].float() for i in head.hidden_state_layers]
+        view = BaseView.of(base, batch, full_logits=False)
+        features = [view.hidden(layer).float() for layer in head.hidden_state_layers]
         anchors, used = sample_anchors(valid_anchors(loss_mask, attention_mask), EVAL_ANCHORS, spread=True)
         tokens, teacher_positions, valid = depth_targets(head, input_ids, loss_mask, attention_mask, anchors, used)
         hidden = depth_hidden(head, head(input_ids, features, anchors, attention_mask))
         previous = previous_tokens(head, input_ids, anchors) if head.markov_head is not None else None
         logits = head.slot_logits(hidden, previous)
-        greedy = out.logits.argmax(dim=-1)
+        greedy = view.greedy()  # [B, T], a chunk of positions at a time
         wanted = greedy[torch.arange(input_ids.shape[0], device=device)[:, None, None], teacher_positions.clamp_min(0)]
         on_path = torch.ones_like(valid)
         on_path[..., 1:] = (tokens[..., :-1] == wanted[..., :-1]).long().cumprod(dim=-1).bool()

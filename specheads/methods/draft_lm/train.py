@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from specheads.methods.api import (
+    BaseView,
     Evaluation,
     StepContext,
     StepResult,
@@ -60,10 +61,9 @@ def draft_agreement(base: torch.nn.Module, heads: DraftLM, batches: Any, max_bat
         device = base.get_output_embeddings().weight.device
         batch = {key: value.to(device) for key, value in batch.items() if isinstance(value, torch.Tensor)}
         input_ids = batch["input_ids"].long()
-        base_hidden = base(input_ids=input_ids, attention_mask=batch["attention_mask"], output_hidden_states=True)
         rows = _rows(batch["loss_mask"])
+        wanted = BaseView.of(base, batch, full_logits=False).greedy().flatten()[rows, None]  # [M, 1]
         lm_head = base.get_output_embeddings()
-        wanted = projected_top_k(base_hidden.hidden_states[-1].flatten(0, 1)[rows], lm_head.weight, lm_head.bias, 1)
         hidden = heads(input_ids, batch["attention_mask"]).flatten(0, 1)[rows].to(lm_head.weight.dtype)
         weight = heads.model.get_output_embeddings().weight.to(lm_head.weight.dtype)
         drafted = projected_top_k(hidden, weight, None, 1)

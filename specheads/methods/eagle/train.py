@@ -19,17 +19,15 @@ from accelerate import PartialState
 
 from specheads.methods.api import (
     RANKS,
+    BaseView,
     Evaluation,
     StepContext,
     StepResult,
     agreement_summary,
-    base_output,
     draft_vocab_coverage,
     draft_vocab_size_for_coverage,
     projected_top_k,
     select_draft_vocab,
-    teacher_greedy,
-    teacher_logits,
     vocab_size,
 )
 from specheads.methods.eagle.config import EagleHeadsConfig
@@ -77,24 +75,13 @@ def token_counts(dataset: Any, vocab_size: int) -> torch.Tensor:
     return counts
 
 
-def base_features(
-    base: torch.nn.Module, head: EagleHead, batch: dict[str, torch.Tensor], full_logits: bool = True
-) -> tuple[list, Any]:
-    """One frozen base forward (or its cached features, see :mod:`specheads.training.features`): the features the
-    head reads and the base's output (logits for every position unless ``full_logits`` is False, see
-    :func:`~specheads.training.features.base_output`)."""
-    with torch.no_grad():
-        out = base_output(base, batch, full_logits=full_logits)
-    return [out.hidden_states[index].float() for index in head.hidden_state_layers], out
-
-
 def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResult:
     """The loss of one micro-batch (see the module docstring).
 
     No draft step's logits are built whole: the head's forward hands each step's projection inputs to a readout
     that keeps them, and at the last step :func:`eagle_loss` scores them all, a chunk of positions at a time,
     against the base's logits (inside the forward, where wrappers such as DDP and FSDP see the projection's use).
-    A logging step adds only the base's greedy tokens, a chunk of its logits at a time (:func:`teacher_greedy`).
+    A logging step adds only the base's greedy tokens, a chunk of its logits at a time (:meth:`BaseView.greedy`).
     """
     section: EagleHeadsConfig = context.section
     head: EagleHead = context.module
@@ -103,8 +90,8 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
     draft_ids = head.draft_token_ids() if head.config.reduced_vocab else None
     # The teacher is the base's logits over the draft vocabulary alone, from its final hidden state; the logged
     # agreement metric reads the base's greedy tokens, never its whole [B, T, V] logits.
-    features, out = context.base_features(batch, head.hidden_state_layers, full_logits=False)
-    teacher = None if corpus else teacher_logits(context.base, out, draft_ids)
+    features, view = context.base_features(batch, head.hidden_state_layers, full_logits=False)
+    teacher = None if corpus else view.teacher(draft_ids)
     steps = 1 if head.config.version == 1 else section.ttt_steps
     step_weights = torch.ones(1) if head.config.version == 1 else ttt_weights(steps, section.ttt_decay)
     kept: list[torch.Tensor] = []
@@ -129,7 +116,7 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
         loss = losses.loss
         metrics = {f"step_{step}/loss": float(value) for step, value in enumerate(losses.step_losses)}
     if context.log_metrics:
-        greedy = teacher_greedy(context.base, out)  # [B, T]
+        greedy = view.greedy()  # [B, T]
         for step, (top, mask) in enumerate(zip(losses.tops, losses.masks, strict=True)):
             metrics[f"step_{step}/agreement"] = _agreement(head, top, greedy, step, mask)
     # each step's loss is a mean over its positions: the first step's count weighs it (later steps count a few fewer)
@@ -180,9 +167,10 @@ def eagle_agreement(
         batch = {key: value.to(device) for key, value in batch.items() if isinstance(value, torch.Tensor)}
         input_ids = batch["input_ids"].long()
         valid_tokens = batch["loss_mask"].bool() & batch["attention_mask"].bool()
-        features, out = base_features(base, head, batch)
+        view = BaseView.of(base, batch, full_logits=False)
+        features = [view.hidden(layer).float() for layer in head.hidden_state_layers]
         _, tops = head(input_ids, features, batch["attention_mask"], depth, readout=top_ids)  # [B, T - 1, R] each
-        greedy = out.logits.argmax(dim=-1)  # [B, T]: the base's token after position t
+        greedy = view.greedy()  # [B, T]: the base's token after position t, a chunk of positions at a time
         length = input_ids.shape[1]
         on_path = torch.ones_like(input_ids[:, :-1], dtype=torch.bool)  # [B, T - 1]
         for step in range(depth):

@@ -1,1 +1,1 @@
-"""Medusa-1/2 heads: recipe section, heads, drafter, training step."""
+"""Medusa-1/2 heads: recipe section, heads, drafter, training step, held-out evaluation."""

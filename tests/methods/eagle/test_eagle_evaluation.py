@@ -18,18 +18,22 @@ VOCAB = 8
 
 
 class CountingBase(torch.nn.Module):
-    """A base whose greedy token after token x is always x + 1 (mod 8); its only feature is the token id."""
+    """A base whose greedy token after token x is always x + 1 (mod 8); its only hidden state, the final one, is the
+    token's one-hot vector, which its lm_head (a permutation) maps to the next token's, as a real base's logits are
+    its lm_head over its final hidden state."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.lm_head = torch.nn.Linear(1, VOCAB, bias=False)  # the vocabulary size and device eagle_agreement reads
+        self.lm_head = torch.nn.Linear(VOCAB, VOCAB, bias=False)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(torch.eye(VOCAB).roll(1, dims=0))  # row x + 1 reads column x
 
     def get_output_embeddings(self) -> torch.nn.Module:
         return self.lm_head
 
     def forward(self, input_ids, attention_mask=None, output_hidden_states=False, **kwargs) -> SimpleNamespace:
-        logits = torch.nn.functional.one_hot((input_ids + 1) % VOCAB, VOCAB).float()  # [B, T, V]
-        return SimpleNamespace(logits=logits, hidden_states=(input_ids[..., None].float(),))
+        hidden = torch.nn.functional.one_hot(input_ids, VOCAB).float()  # [B, T, V]
+        return SimpleNamespace(logits=self.lm_head(hidden), hidden_states=(hidden,))
 
 
 class ScriptedDraft(torch.nn.Module):

@@ -281,7 +281,7 @@ def test_held_out_evaluation_runs_on_the_device_with_batches_from_a_cpu_loader()
 
     from specheads.heads import EagleHead, MedusaHeads
     from specheads.methods.eagle.train import eagle_agreement
-    from specheads.training.evaluate import head_agreement
+    from specheads.methods.medusa.evaluate import head_agreement
 
     base = tiny_model("llama", layers=4).cuda()
     rows = base_samples(base.cpu()).cpu()
