@@ -80,7 +80,8 @@ MUTATIONS = (
         PATH,
         "    if isinstance(module, torch.nn.Linear):\n        return module.forward",
         "    if isinstance(module, _linear_types()):\n        return module.forward",
-        (TESTS,),
+        # (on such CPUs bf16 layers run over a blocked copy of their weight; the second file checks the plain path)
+        (TESTS, "tests/inference/test_blocked_weights.py"),
         cpu_flags=("amx_bf16",),  # oneDNN's kernel choice depends on the row count only on such CPUs
     ),
 )
