@@ -1,4 +1,4 @@
-"""A fresh audit (issue 38): ten plausible bugs in parts no earlier mutation touched, written before reading the tests.
+"""A fresh audit: ten plausible bugs in parts no earlier mutation touched, written before reading the tests.
 
 Each lists the tests a developer would expect to catch it: the test files mirroring the mutated module.
 """

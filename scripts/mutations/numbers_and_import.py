@@ -1,5 +1,5 @@
 """The numbers that choose trees (EAGLE's held-out agreement by depth, simulated tau, calibrate's pick) and the import
-branches for what engines write (feature layers in any order, t2d without d2t, a legacy RoPE): issue 38, places 4-5.
+branches for what engines write (feature layers in any order, t2d without d2t, a legacy RoPE).
 """
 
 from mutations import Mutation

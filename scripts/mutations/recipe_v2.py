@@ -1,4 +1,4 @@
-"""Recipe v2 for EAGLE-3 (issue 40): the draft vocabulary by coverage, EAGLE 3.1's norms and their exports, Muon,
+"""Recipe v2 for EAGLE-3: the draft vocabulary by coverage, EAGLE 3.1's norms and their exports, Muon,
 warmup-stable-decay, the training-time-test length, and the stratified held-out diagnostics."""
 
 from mutations import Mutation

@@ -1,5 +1,5 @@
 """Gradient accumulation in the trainer (optimizer steps, loss weighting, epoch ends, resume position) and per-row
-budgets cutting a grown tree in a batch (issue 38, places 2 and 3)."""
+budgets cutting a grown tree in a batch."""
 
 from mutations import Mutation
 

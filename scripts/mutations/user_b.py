@@ -1,4 +1,4 @@
-"""What a new user hit (issue 38): part errors, progress, flag errors, the tree list, the hub, the extras hint,
+"""What a new user hit: part errors, progress, flag errors, the tree list, the hub, the extras hint,
 bench --methods and the scripts' --help."""
 
 from mutations import Mutation
