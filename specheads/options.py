@@ -111,6 +111,7 @@ def add_options(
             keywords["default"] = item.default_factory()
         elif spec.flag != "":
             keywords["required"] = True
+        keywords["help"] = _with_default(keywords["help"], keywords.get("default"), keywords.get("action"))
         if spec.flag == "":
             target.add_argument(item.name, **keywords)
             continue
@@ -118,6 +119,18 @@ def add_options(
             exclusive = exclusive or target.add_mutually_exclusive_group()
         flag = spec.flag or "--" + item.name.replace("_", "-")
         (exclusive if spec.exclusive else target).add_argument(flag, dest=item.name, **keywords)
+
+
+def _with_default(text: str | None, default: Any, action: Any) -> str | None:
+    """``text`` followed by ``(default: X)`` (or ``default: X`` alone where the option has no text) where the option
+    has a default worth showing and its text does not already say it: no default (``None``), a switch
+    (``store_true``), an empty list and :data:`argparse.SUPPRESS` show nothing."""
+    if text == argparse.SUPPRESS or (text and "default" in text.lower()):
+        return text
+    if default is None or action in ("store_true", "store_false") or default == [] or default is argparse.SUPPRESS:
+        return text
+    shown = ",".join(str(value) for value in default) if isinstance(default, (list, tuple)) else default
+    return f"{text} (default: {shown})" if text else f"default: {shown}"
 
 
 def from_namespace(options: type[T], namespace: argparse.Namespace) -> T:

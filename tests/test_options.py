@@ -143,3 +143,35 @@ def test_method_and_format_choices_are_the_registry_s_when_the_parser_is_built(m
     assert "late-format" in commands["export"]._option_string_actions["--format"].choices
     assert "late=chain-2,chain-3,binary-7" in commands["bench"]._option_string_actions["--trees"].help
     assert BenchOptions(base="b", out="o", trees=["late=chain-2"]).tree_lists() == {"late": ["chain-2"]}
+
+
+def _option_help(command: str, flag: str) -> str:
+    """The help line of ``flag`` in ``specheads COMMAND --help``, as argparse formats it (joined, spaces squeezed)."""
+    parser = build_parser()
+    sub = next(action for action in parser._actions if action.dest == "command").choices[command]
+    action = next(action for action in sub._actions if flag in action.option_strings)
+    return " ".join((action.help or "").split())
+
+
+@pytest.mark.parametrize(
+    "command, flag, shown",
+    [
+        ("generate", "--max-new-tokens", "default: 128"),  # an option without a text
+        ("generate", "--acceptance", "acceptance rule (default: auto)"),
+        ("bench", "--batch-size", "(default: 1)"),
+    ],
+)
+def test_the_help_shows_each_option_s_default(command: str, flag: str, shown: str) -> None:
+    """``--help`` says what an option left off means: the dataclass default, appended to the option's text."""
+    assert shown in _option_help(command, flag)
+
+
+@pytest.mark.parametrize(
+    "command, flag",
+    [("generate", "--stats"), ("generate", "--heads"), ("generate", "--temperature"), ("generate", "--threads")],
+)
+def test_the_help_adds_no_default_to_a_switch_a_none_or_a_text_that_says_it(command: str, flag: str) -> None:
+    """A switch, an option defaulting to ``None`` and a text that already names its default get no second one."""
+    text = _option_help(command, flag)
+    assert text.lower().count("default") <= 1
+    assert "(default: False)" not in text and "(default: None)" not in text

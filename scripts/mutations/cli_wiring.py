@@ -52,6 +52,22 @@ MUTATIONS = (
         (PARSED_DEFAULTS,),
     ),
     Mutation(
+        "help-hides-defaults",
+        "--help shows no option's default (what an option left off means is unsaid)",
+        "specheads/options.py",
+        '        keywords["help"] = _with_default(keywords["help"], keywords.get("default"), keywords.get("action"))\n',
+        "",
+        (f"{OPTIONS_TESTS}::test_the_help_shows_each_option_s_default",),
+    ),
+    Mutation(
+        "help-shows-switch-default",
+        "--help writes (default: False) after every switch and (default: None) after options without one",
+        "specheads/options.py",
+        '    if default is None or action in ("store_true", "store_false") or default == []',
+        "    if default == []",
+        (f"{OPTIONS_TESTS}::test_the_help_adds_no_default_to_a_switch_a_none_or_a_text_that_says_it",),
+    ),
+    Mutation(
         "list-default-shared",
         "a list default (--heads, --exclude-prompts, ...) is one list shared by every options instance",
         "specheads/options.py",
