@@ -7,6 +7,10 @@ from mutations import Mutation
 FEATURES = "tests/training/test_features.py"
 CACHED_TEACHER = f"{FEATURES}::test_the_cached_teacher_applies_the_bases_logit_transform_and_trains_as_the_online_one"
 REFUSED = f"{FEATURES}::test_a_base_whose_logit_transform_the_cache_cannot_reproduce_is_refused"
+LOGGING_PEAK = (
+    "tests/methods/eagle/test_eagle_trainer.py::"
+    "test_a_logging_step_at_a_real_vocabulary_allocates_no_more_than_a_plain_step_plus_one_chunk"
+)
 LOGGING_STEP = (
     "tests/methods/eagle/test_eagle_trainer.py"
     "::test_a_logging_step_projects_the_bases_logits_a_chunk_at_a_time_and_changes_no_loss"
@@ -47,6 +51,14 @@ MUTATIONS = (
         "        greedy = view.greedy()  # [B, T]\n",
         "        greedy = view.teacher().argmax(dim=-1)  # [B, T]\n",
         (LOGGING_STEP,),
+    ),
+    Mutation(
+        "eagle-logging-step-full-teacher-measured",
+        "EAGLE's logging step builds the base's whole [B, T, V] logits to take their argmax (seen by the memory)",
+        "specheads/methods/eagle/train.py",
+        "        greedy = view.greedy()  # [B, T]\n",
+        "        greedy = view.teacher().argmax(dim=-1)  # [B, T]\n",
+        (LOGGING_PEAK,),
     ),
     Mutation(
         "accumulation-weighs-micro-batches",
