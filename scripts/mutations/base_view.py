@@ -11,6 +11,9 @@ LOGGING_PEAK = (
     "tests/methods/eagle/test_eagle_trainer.py::"
     "test_a_logging_step_at_a_real_vocabulary_allocates_no_more_than_a_plain_step_plus_one_chunk"
 )
+TEACHER_STEP = (
+    "tests/methods/test_training_teacher.py::test_a_methods_logging_step_reads_no_whole_logits_and_loses_nothing_by_it"
+)
 LOGGING_STEP = (
     "tests/methods/eagle/test_eagle_trainer.py"
     "::test_a_logging_step_projects_the_bases_logits_a_chunk_at_a_time_and_changes_no_loss"
@@ -59,6 +62,30 @@ MUTATIONS = (
         "        greedy = view.greedy()  # [B, T]\n",
         "        greedy = view.teacher().argmax(dim=-1)  # [B, T]\n",
         (LOGGING_PEAK,),
+    ),
+    Mutation(
+        "draft-lm-whole-teacher",
+        "draft-LM's step asks the base's forward for its whole [B, T, V] logits again",
+        "specheads/methods/draft_lm/train.py",
+        "    _, view = context.base_features(batch, (), full_logits=False)\n",
+        "    _, view = context.base_features(batch, (), logits_to_keep=0)\n",
+        (TEACHER_STEP,),
+    ),
+    Mutation(
+        "teacher-at-wrong-state",
+        "the teacher at the scored positions is projected from the layer before the final norm, not the final state",
+        "specheads/training/features.py",
+        "        return head(self.final[batch_index, positions].to(head.weight.dtype))\n",
+        "        return head(self.hidden(-2)[batch_index, positions].to(head.weight.dtype))\n",
+        (TEACHER_STEP,),
+    ),
+    Mutation(
+        "projected-teacher-ignores-columns",
+        "a projected teacher restricted to a draft vocabulary projects every column (the columns are dropped)",
+        "specheads/training/losses.py",
+        "            self.projection = (weight[self.columns], None if bias is None else bias[self.columns])\n",
+        "",
+        ("tests/methods/test_training_teacher.py::test_a_projected_teacher_equals_the_teacher_of_the_whole_logits",),
     ),
     Mutation(
         "accumulation-weighs-micro-batches",

@@ -43,7 +43,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from specheads.heads.checkpoint import atomic_write, fingerprint
-from specheads.training.losses import projected_top_k
+from specheads.training.losses import TeacherLogits, projected_top_k
 
 INDEX = "index.json"
 ROWS = "rows.json"  # the digest of every cached row, in order
@@ -503,3 +503,24 @@ class BaseView:
         """``[B, T]`` the base's greedy token after every position, a chunk of positions at a time
         (:func:`teacher_greedy`)."""
         return teacher_greedy(self.base, self.output)
+
+    def soft_teacher(self, rows: torch.Tensor | None = None, columns: torch.Tensor | None = None) -> TeacherLogits:
+        """The base's distributions at the flat positions ``rows`` (into ``[B * T]``; None: all) over ``columns``
+        (None: all ``V``) as soft targets for :func:`~specheads.training.losses.linear_cross_entropy`: projected
+        from the final hidden state a chunk of positions at a time where the lm_head is a plain linear
+        (:func:`projectable`), so that the ``[B, T, V]`` logits never exist; else read from the whole logits (the
+        forward's, or the cached teacher's with the base's logit transform)."""
+        if projectable(self.base):
+            head = self.base.get_output_embeddings()
+            return TeacherLogits(self.final.flatten(0, 1), rows, columns, projection=(head.weight, head.bias))
+        return TeacherLogits(self.logits.flatten(0, 1), rows, columns)
+
+    @torch.no_grad()
+    def teacher_at(self, batch_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``[*, V]`` the base's logits at ``(batch_index, positions)`` (broadcast index tensors): only those
+        positions are projected through the lm_head where it is a plain linear (:func:`projectable`), else they
+        are gathered from the whole logits."""
+        if not projectable(self.base):
+            return self.logits[batch_index, positions]
+        head = self.base.get_output_embeddings()
+        return head(self.final[batch_index, positions].to(head.weight.dtype))

@@ -56,22 +56,54 @@ class TeacherLogits:
     """Soft targets: the distribution ``softmax(logits[rows][:, columns])`` for each scored position.
 
     Attributes:
-        logits: ``[N, V]`` a teacher's logits (e.g. the base's, flattened over batch and positions), any dtype.
+        logits: ``[N, V]`` a teacher's logits (e.g. the base's, flattened over batch and positions), any dtype; with
+            ``projection``, ``[N, H]`` the hidden states they are projected from.
         rows: ``[M]`` the row of ``logits`` that is each scored position's target (None: row m for position m).
         columns: ``[Vd]`` the vocabulary the student predicts, as columns of ``logits`` (None: all); the softmax over
             these columns is the teacher's distribution renormalised onto them.
+        projection: ``(weight [V, H], bias [V] or None)`` of a plain linear lm_head: a chunk's logits are projected
+            from its hidden states as it is scored (only ``columns``' rows of the weight), so the teacher's
+            ``[N, V]`` logits never exist whole.
     """
 
     logits: torch.Tensor
     rows: torch.Tensor | None = None
     columns: torch.Tensor | None = None
+    projection: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.projection is not None and self.columns is not None:  # the draft vocabulary's rows, taken once
+            weight, bias = self.projection
+            self.projection = (weight[self.columns], None if bias is None else bias[self.columns])
+            self.columns = None
+
+    def __len__(self) -> int:
+        """The number of scored positions."""
+        return self.logits.shape[0] if self.rows is None else self.rows.numel()
+
+    def chunk_logits(self, start: int, end: int) -> torch.Tensor:
+        """``[end - start, Vd]`` the teacher's logits of positions ``start .. end - 1`` (in their own dtype)."""
+        selected = self.logits[start:end] if self.rows is None else self.logits[self.rows[start:end]]
+        if self.projection is not None:
+            weight, bias = self.projection
+            return F.linear(selected.to(weight.dtype), weight, bias)
+        return selected if self.columns is None else selected[:, self.columns]
 
     def probabilities(self, start: int, end: int) -> torch.Tensor:
         """``[end - start, Vd]`` fp32 target distributions of positions ``start .. end - 1``."""
-        logits = self.logits[start:end] if self.rows is None else self.logits[self.rows[start:end]]
-        if self.columns is not None:
-            logits = logits[:, self.columns]
-        return logits.float().softmax(dim=-1)
+        return self.chunk_logits(start, end).float().softmax(dim=-1)
+
+    @torch.no_grad()
+    def greedy(self) -> torch.Tensor:
+        """``[M]`` each scored position's highest-logit column (an index into ``columns``, or a token id), a chunk
+        of positions at a time (about :data:`CHUNK_ELEMENTS` logits each)."""
+        count = len(self)
+        width = self.projection[0].shape[0] if self.projection is not None else (
+            self.logits.shape[-1] if self.columns is None else self.columns.numel()
+        )  # fmt: skip
+        chunk = max(1, CHUNK_ELEMENTS // max(width, 1))
+        parts = [self.chunk_logits(start, min(start + chunk, count)).argmax(dim=-1) for start in range(0, count, chunk)]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long, device=self.logits.device)
 
 
 @dataclass

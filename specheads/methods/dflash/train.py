@@ -195,7 +195,8 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
     head: DFlashHead = context.module
     input_ids = batch["input_ids"].long()
     attention_mask, loss_mask = batch["attention_mask"], batch["loss_mask"]
-    features, out = context.base_features(batch, head.hidden_state_layers)
+    # the base's logits are needed only at the blocks' target positions: those alone are projected (teacher_at)
+    features, view = context.base_features(batch, head.hidden_state_layers, full_logits=False)
     seeds = [row_seed(context.seed, context.epoch, input_ids[row]) for row in range(input_ids.shape[0])]
     anchors, used = sample_anchors(valid_anchors(loss_mask, attention_mask), section.num_anchors, seeds)
     tokens, teacher_positions, valid = depth_targets(head, input_ids, loss_mask, attention_mask, anchors, used)
@@ -203,10 +204,8 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
     previous = previous_tokens(head, input_ids, anchors) if head.markov_head is not None else None
     logits = head.slot_logits(hidden, previous)
     needs_teacher = section.targets == "self" or section.resolved_loss == "dspark" or head.confidence_head is not None
-    teacher = None
-    if needs_teacher:
-        batch_index = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None, None]
-        teacher = out.logits[batch_index, teacher_positions.clamp_min(0)].detach()
+    batch_index = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None, None]
+    teacher = view.teacher_at(batch_index, teacher_positions.clamp_min(0)) if needs_teacher else None  # [B, N, D, V]
     confidence = head.confidence_logits(hidden, previous) if head.confidence_head is not None else None
     loss, parts = block_losses(
         section, head, logits.flatten(0, 1), None if teacher is None else teacher.flatten(0, 1),
@@ -217,7 +216,7 @@ def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResu
         metrics["block/confidence_bce"] = float(parts["confidence_bce"])
     if context.log_metrics:
         with torch.no_grad():
-            wanted = out.logits[torch.arange(input_ids.shape[0])[:, None, None], teacher_positions.clamp_min(0)]
+            wanted = teacher if teacher is not None else view.teacher_at(batch_index, teacher_positions.clamp_min(0))
             hits = (logits.argmax(dim=-1) == wanted.argmax(dim=-1)) & valid
             for depth in range(hits.shape[-1]):
                 count = int(valid[..., depth].sum())

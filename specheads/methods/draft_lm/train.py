@@ -11,7 +11,6 @@ from specheads.methods.api import (
     Evaluation,
     StepContext,
     StepResult,
-    TeacherLogits,
     linear_cross_entropy,
     projected_top_k,
 )
@@ -32,21 +31,21 @@ def _rows(loss_mask: torch.Tensor) -> torch.Tensor:
 
 
 def train_step(context: StepContext, batch: dict[str, torch.Tensor]) -> StepResult:
-    """``KL(base || draft)`` of the next-token distributions at every target position, a chunk of rows at a time."""
-    _, out = context.base_features(batch, (), logits_to_keep=0)  # the base's logits at every position
+    """``KL(base || draft)`` of the next-token distributions at every target position, a chunk of rows at a time:
+    the base's logits too are projected a chunk at a time from its final hidden state
+    (:meth:`BaseView.soft_teacher`), never built as ``[B, T, V]`` (a base with a logit transform aside)."""
+    _, view = context.base_features(batch, (), full_logits=False)
     draft = context.module
     hidden = context.heads(batch["input_ids"], batch["attention_mask"]).float()  # [B, T, H]
     rows = _rows(batch["loss_mask"])
-    teacher = out.logits.flatten(0, 1)  # [B * T, V]
+    teacher = view.soft_teacher(rows=rows)
     weight = draft.model.get_output_embeddings().weight
     scored = linear_cross_entropy(
-        hidden.flatten(0, 1), weight.float(), TeacherLogits(teacher, rows=rows), rows=rows, kl=True,
-        top_k=1 if context.log_metrics else 0,
-    )  # fmt: skip
+        hidden.flatten(0, 1), weight.float(), teacher, rows=rows, kl=True, top_k=1 if context.log_metrics else 0
+    )
     metrics = {"draft/kl": float(scored.loss.detach())}
     if scored.top is not None and rows.numel():
-        wanted = teacher[rows].argmax(dim=-1)
-        metrics["draft/agreement"] = float((scored.top[:, 0] == wanted).float().mean())
+        metrics["draft/agreement"] = float((scored.top[:, 0] == teacher.greedy()).float().mean())
     return StepResult(scored.loss, metrics, weight=rows.numel())  # the mean KL over these rows
 
 
