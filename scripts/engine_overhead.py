@@ -7,7 +7,8 @@ host time.
 
 Usage::
 
-    python scripts/engine_overhead.py [--methods eagle-chain-3,eagle-dynamic-4-5-16,none] [--batch-size 1 8]
+    python scripts/engine_overhead.py [--methods eagle-chain-3,eagle-dynamic-4-5-16,none,eagle-chain-3+lookup-idle]
+        [--batch-size 1 8]
         [--prompts 16] [--max-new-tokens 64] [--threads 1] [--package specheads] [--json out.json]
 
 ``--package`` names the package to import (a copy of another checkout under another name, for interleaved A/B
@@ -63,16 +64,30 @@ class ForwardTimer:
 
 
 def _decoder(package: Any, method: str) -> tuple[Any, str | None]:
-    """A decoder of the embedded default for one bench-style method name, and its tree."""
+    """A decoder of the embedded default for one bench-style method name, and its tree.
+
+    A ``+lookup`` suffix composes prompt lookup with the drafter (its defaults); ``+lookup-idle`` composes a lookup
+    that proposes nothing (every match length gets 0 tokens): its index is kept and queried every step as by
+    default, so the row's cost over the plain method is the composition's overhead where the lookup finds nothing.
+    """
+    method, _, lookup = method.partition("+")
+    if lookup not in ("", "lookup", "lookup-idle"):
+        raise SystemExit(f"unknown suffix +{lookup} (+lookup or +lookup-idle)")
+    extra: dict[str, Any] = {}
+    if lookup == "lookup":
+        extra["prompt_lookup"] = True
+    elif lookup == "lookup-idle":
+        lookup_module = importlib.import_module(f"{package.__name__}.inference.lookup")
+        extra["prompt_lookup"] = lookup_module.PromptLookup(tokens_by_match=(0,))
     if method == "none":
-        return package.SpecDecoder.from_pretrained("default", method="none"), None
+        return package.SpecDecoder.from_pretrained("default", method="none", **extra), None
     if method.startswith("eagle-"):
-        return package.SpecDecoder.from_pretrained("default", heads="default"), method.removeprefix("eagle-")
+        return package.SpecDecoder.from_pretrained("default", heads="default", **extra), method.removeprefix("eagle-")
     if method == "prompt-lookup":
-        return package.SpecDecoder.from_pretrained("default", method="prompt-lookup"), None
+        return package.SpecDecoder.from_pretrained("default", method="prompt-lookup", **extra), None
     if method.startswith("draft-k"):
         decoder = package.SpecDecoder.from_pretrained(
-            "default", draft_model="default", num_speculative_tokens=int(method.removeprefix("draft-k"))
+            "default", draft_model="default", num_speculative_tokens=int(method.removeprefix("draft-k")), **extra
         )
         return decoder, None
     raise SystemExit(f"unknown method {method!r}")

@@ -19,6 +19,7 @@ _EXPORTS = {
     "GenerationOutput": "specheads.inference.decoder",
     "HeadCheckpointError": "specheads.heads.checkpoint",
     "NoDrafter": "specheads.inference.drafters",
+    "PromptLookup": "specheads.inference.lookup",
     "PromptLookupDrafter": "specheads.inference.drafters",
     "SpecDecoder": "specheads.inference.decoder",
     "SpecStats": "specheads.metrics",
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # for type checkers: __all__ is built from the tables above
     from specheads.inference.decoder import GenerationOutput, SpecDecoder  # noqa: F401
     from specheads.inference.drafters import DraftModelDrafter, NoDrafter, PromptLookupDrafter  # noqa: F401
     from specheads.inference.generation import GenerationConfig  # noqa: F401
+    from specheads.inference.lookup import PromptLookup  # noqa: F401
     from specheads.inference.trees import TreeError  # noqa: F401
     from specheads.metrics import SpecStats  # noqa: F401
 
