@@ -183,16 +183,23 @@ def _lookup_row(
     name: str,
     drafter: Drafter,
     corpus: Sequence[Sequence[int]] | None = None,
+    skip_drafter_at: int | None = None,
     **generate_kwargs: Any,
 ) -> BenchMethod:
     """The ``<name>+lookup`` row: ``drafter`` with prompt lookup composed, in the settings calibrated with its heads
     (``calibrate --prompt-lookup``), else the defaults (what ``from_pretrained(..., prompt_lookup=True)`` takes),
-    with ``corpus`` (token lists) in its index when given."""
+    with ``corpus`` (token lists) in its index when given. With ``skip_drafter_at``, the ``<name>+lookup-skip`` row:
+    those settings, where a suffix match of at least that length makes the drafter skip the step
+    (``PromptLookup.skip_drafter_at``)."""
     settings = lookup_settings(calibrated_lookup(drafter) or True)
     if corpus is not None:
         settings = replace(settings, corpus=corpus)
+    suffix = "+lookup"
+    if skip_drafter_at is not None:
+        settings = replace(settings, skip_drafter_at=max(skip_drafter_at, settings.min_ngram))
+        suffix = "+lookup-skip"
     decoder = SpecDecoder(base, drafter, prompt_lookup=settings)
-    return BenchMethod(f"{name}+lookup", _spec_runner(decoder, **generate_kwargs), has_stats=True)
+    return BenchMethod(f"{name}{suffix}", _spec_runner(decoder, **generate_kwargs), has_stats=True)
 
 
 def build_methods(
@@ -206,6 +213,7 @@ def build_methods(
     trees: dict[str, Sequence[str]] | None = None,
     prompt_lookup: bool = False,
     lookup_corpus: Sequence[Sequence[int]] | None = None,
+    skip_drafter_at: int | None = None,
 ) -> list[BenchMethod]:
     """The methods of a benchmark run; ``hf-greedy`` always comes first (it is the reference).
 
@@ -220,6 +228,8 @@ def build_methods(
     with prompt lookup composed (:func:`_lookup_row`): ``none+lookup``, ``draft-k3+lookup``, ``eagle-dynamic+lookup``,
     ...; ``only`` names them, or ``<label>+lookup`` (``eagle+lookup``) for all of a heads label's lookup rows.
     ``lookup_corpus``: token lists every lookup row's index also holds (``PromptLookup.corpus``).
+    ``skip_drafter_at``: each draft-model row's lookup row gets a ``<row>+lookup-skip`` sibling, whose draft model
+    skips the steps where the lookup matched at least that many tokens (does saving its forwards pay?).
 
     Raises:
         ValueError: ``only`` names no row and no label.
@@ -243,10 +253,14 @@ def build_methods(
             methods.append(BenchMethod(f"draft-k{k}", _spec_runner(decoder), has_stats=True))
             if prompt_lookup:
                 methods.append(_lookup_row(base, f"draft-k{k}", decoder.drafter, lookup_corpus))
+                if skip_drafter_at is not None:
+                    methods.append(_lookup_row(base, f"draft-k{k}", decoder.drafter, lookup_corpus, skip_drafter_at))
         adaptive = DraftModelDrafter(draft, max(draft_ks), confidence_threshold=draft_confidence)
         methods.append(BenchMethod("draft-adaptive", _spec_runner(SpecDecoder(base, adaptive)), has_stats=True))
         if prompt_lookup:
             methods.append(_lookup_row(base, "draft-adaptive", adaptive, lookup_corpus))
+            if skip_drafter_at is not None:
+                methods.append(_lookup_row(base, "draft-adaptive", adaptive, lookup_corpus, skip_drafter_at))
     methods.append(
         BenchMethod("prompt-lookup", _spec_runner(SpecDecoder(base, PromptLookupDrafter(lookup_k))), has_stats=True)
     )
@@ -586,7 +600,7 @@ def benchmark(options: BenchOptions, load: MachineLoad, command: str = "") -> tu
         draft = load_causal_lm(options.draft_model, dtype=base.dtype, device=base.device, role="draft")
     only = options.only()
     heads, base, merged = heads_for_comparison(options.heads, base, options.base)
-    with_lookup = options.lookup.prompt_lookup or any(name.endswith("+lookup") for name in only or ())
+    with_lookup = options.lookup.prompt_lookup or any("+lookup" in name for name in only or ())
     corpus = read_corpus(options.lookup.lookup_corpus, tokenizer) if options.lookup.lookup_corpus else None
     methods = build_methods(
         base,
@@ -598,6 +612,7 @@ def benchmark(options: BenchOptions, load: MachineLoad, command: str = "") -> tu
         trees=options.tree_lists(),
         prompt_lookup=with_lookup or corpus is not None,
         lookup_corpus=corpus,
+        skip_drafter_at=options.skip_drafter_at,
     )
     meter = LoadMeter().start()
     run_bench(methods, prompts, tokenizer, options.max_new_tokens, repeats=options.repeats, batch_sizes=batch_sizes)

@@ -340,6 +340,12 @@ class BenchOptions:
     )
     draft_k: list[int] = option("comma-separated K values for draft-k* rows", [1, 3, 5, 8], type=positive_int_list)
     lookup_k: int = option("tokens per prompt-lookup proposal (both sides)", 10, type=positive_int)
+    skip_drafter_at: int | None = option(
+        "with --prompt-lookup: a <draft row>+lookup-skip row beside each draft-model lookup row, whose draft model "
+        "skips drafting at the steps where the lookup matched at least N tokens (its branch alone is verified)",
+        type=positive_int,
+        metavar="N",
+    )
     methods: str | None = option(
         "comma-separated rows to run, of every family: e.g. none,draft-k3,eagle-chain-3, or a --heads label "
         "(eagle, medusa, ...) for all of its rows (default: every row; hf-greedy always runs); with "

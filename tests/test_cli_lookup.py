@@ -118,3 +118,39 @@ def test_generate_and_bench_rows_read_a_lookup_corpus(models, tmp_path, capsys) 
     held = run_row(lookup_corpus=answer)
     assert held.tokens == plain.tokens
     assert held.stats.mean_accepted_length > plain.stats.mean_accepted_length
+
+
+def test_bench_skip_drafter_at_adds_a_skipping_sibling_to_each_draft_model_lookup_row(models, tmp_path) -> None:
+    """``--skip-drafter-at N``: beside each draft-model lookup row, a ``+lookup-skip`` row whose draft model skips
+    the steps where the lookup matched at least N tokens: exact, and on repeated lines the draft model runs fewer
+    forwards for the same output (counted, not timed)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(models / "base").eval()
+    draft = AutoModelForCausalLM.from_pretrained(models / "draft").eval()
+    methods = build_methods(
+        base, draft, draft_ks=(2,), prompt_lookup=True, skip_drafter_at=2,
+        only=["draft-k2+lookup", "draft-k2+lookup-skip", "draft-adaptive+lookup-skip"],
+    )  # fmt: skip
+    rows = {method.name: method for method in methods}
+    assert list(rows) == ["hf-greedy", "draft-k2+lookup", "draft-k2+lookup-skip", "draft-adaptive+lookup-skip"]
+    forwards: list[int] = []
+    draft.register_forward_hook(lambda module, args, output: forwards.append(1))
+    prompt = torch.tensor([[5, 9, 11, 7, 5, 9, 11, 7, 5, 9, 11, 7, 5, 9]])
+    counted = {}
+    for name in ("draft-k2+lookup", "draft-k2+lookup-skip"):
+        forwards.clear()
+        run = rows[name].run([prompt], 24)
+        counted[name] = (run.tokens[0], len(forwards))
+    (plain, plain_forwards), (skipping, skipping_forwards) = counted.values()
+    assert skipping == plain
+    assert skipping_forwards < plain_forwards, counted
+
+    out = tmp_path / "bench"
+    argv = ["bench", "--base", str(models / "base"), "--prompts", str(models / "prompts.jsonl"), "--out", str(out)]
+    argv += ["--max-new-tokens", "16", "--draft-model", str(models / "draft"), "--draft-k", "2"]
+    assert main([*argv, "--skip-drafter-at", "2", "--methods", "draft-k2+lookup-skip"]) == 0  # implies the lookup
+    report = {row["name"]: row for row in json.loads((out / "report.json").read_text())["methods"]}
+    assert list(report) == ["hf-greedy", "draft-k2+lookup-skip"]
+    assert all(row["matches_greedy"] for row in report.values())

@@ -79,4 +79,14 @@ MUTATIONS = (
         "",
         (f"{CALIBRATE_TESTS}::test_calibrate_prompt_lookup_stores_the_split_that_generate_reads",),
     ),
+    Mutation(
+        "bench-skip-row-does-not-skip",
+        "bench's +lookup-skip row keeps the lookup's settings: its draft model drafts on every step",
+        "specheads/bench.py",
+        "        settings = replace(settings, skip_drafter_at=max(skip_drafter_at, settings.min_ngram))\n",
+        "",
+        (
+            "tests/test_cli_lookup.py::test_bench_skip_drafter_at_adds_a_skipping_sibling_to_each_draft_model_lookup_row",
+        ),
+    ),
 )
