@@ -228,8 +228,9 @@ def build_methods(
     with prompt lookup composed (:func:`_lookup_row`): ``none+lookup``, ``draft-k3+lookup``, ``eagle-dynamic+lookup``,
     ...; ``only`` names them, or ``<label>+lookup`` (``eagle+lookup``) for all of a heads label's lookup rows.
     ``lookup_corpus``: token lists every lookup row's index also holds (``PromptLookup.corpus``).
-    ``skip_drafter_at``: each draft-model row's lookup row gets a ``<row>+lookup-skip`` sibling, whose draft model
-    skips the steps where the lookup matched at least that many tokens (does saving its forwards pay?).
+    ``skip_drafter_at``: each drafter's lookup row gets a ``<row>+lookup-skip`` sibling (``only`` names them, or
+    ``<label>+lookup-skip``), whose drafter skips the steps where the lookup matched at least that many tokens (does
+    saving its drafting pay?).
 
     Raises:
         ValueError: ``only`` names no row and no label.
@@ -279,9 +280,15 @@ def build_methods(
             if prompt_lookup:
                 methods.append(_lookup_row(base, f"{label}-{tree}", drafter, lookup_corpus, tree=tree))
                 labels[methods[-1].name] = f"{label}+lookup"
+                if skip_drafter_at is not None:
+                    methods.append(
+                        _lookup_row(base, f"{label}-{tree}", drafter, lookup_corpus, skip_drafter_at, tree=tree)
+                    )
+                    labels[methods[-1].name] = f"{label}+lookup-skip"
     if only:
         available = [m.name for m in methods] + [label for label, _ in heads]
         available += [f"{label}+lookup" for label, _ in heads] if prompt_lookup else []
+        available += [f"{label}+lookup-skip" for label, _ in heads] if prompt_lookup and skip_drafter_at else []
         unknown = sorted(set(only) - set(available))
         if unknown:
             raise ValueError(f"unknown bench methods {unknown}; available: {available}")

@@ -341,8 +341,9 @@ class BenchOptions:
     draft_k: list[int] = option("comma-separated K values for draft-k* rows", [1, 3, 5, 8], type=positive_int_list)
     lookup_k: int = option("tokens per prompt-lookup proposal (both sides)", 10, type=positive_int)
     skip_drafter_at: int | None = option(
-        "with --prompt-lookup: a <draft row>+lookup-skip row beside each draft-model lookup row, whose draft model "
-        "skips drafting at the steps where the lookup matched at least N tokens (its branch alone is verified)",
+        "with --prompt-lookup: a <row>+lookup-skip row beside each drafter's lookup row (draft model, heads), whose "
+        "drafter skips drafting at the steps where the lookup matched at least N tokens (its branches alone are "
+        "verified)",
         type=positive_int,
         metavar="N",
     )

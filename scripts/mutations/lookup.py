@@ -48,4 +48,22 @@ MUTATIONS = (
         "        return tree.num_nodes",
         (f"{LOOKUP_TESTS}::test_the_cache_reserves_the_lookups_branches_beyond_a_requested_tree",),
     ),
+    Mutation(
+        "idle-lookup-splits-rows",
+        "a lookup that adds no node still hands the engine per-row proposals (one tree for all rows is split)",
+        "specheads/inference/lookup.py",
+        "        return proposals if grafted or skip else raw\n",
+        "        return proposals\n",
+        ("tests/inference/test_lookup.py::test_an_idle_lookup_hands_the_engine_the_drafters_own_answer",),
+    ),
+    Mutation(
+        "skip-drafter-never",
+        "skip_drafter_at is ignored: the drafter drafts on every step, however long the lookup's match",
+        "specheads/inference/lookup.py",
+        "        skip = self.settings.skip_drafter_at is not None and all(\n",
+        "        skip = False and all(\n",
+        (
+            "tests/inference/test_lookup.py::test_after_lookup_only_steps_the_drafter_proposes_as_if_it_had_decoded_the_tokens_itself",
+        ),
+    ),
 )

@@ -19,7 +19,7 @@ MUTATIONS = (
         "bench-lookup-names-not-implied",
         "bench --methods naming a +lookup row without --prompt-lookup builds no lookup rows (an unknown method)",
         "specheads/bench.py",
-        '    with_lookup = options.lookup.prompt_lookup or any(name.endswith("+lookup") for name in only or ())',
+        '    with_lookup = options.lookup.prompt_lookup or any("+lookup" in name for name in only or ())',
         "    with_lookup = options.lookup.prompt_lookup",
         (f"{CLI_TESTS}::test_bench_lookup_rows_are_exact_and_report_their_spread_as_none_does",),
     ),

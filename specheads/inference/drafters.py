@@ -26,13 +26,10 @@ class Drafter:
         name: the method name (``"draft"``, ``"prompt-lookup"``, ``"none"``, ``"medusa"``, ...).
         hidden_state_layers: indices into the base's ``hidden_states`` output that the drafter needs for the tokens
             entering the cache (empty: the base runs without ``output_hidden_states``).
-        per_token_cost: whether each drafted token costs a forward of a model of its own (the draft model): a
-            composed prompt lookup may then skip the drafter on a step where its own match is long.
     """
 
     name: str = "drafter"
     hidden_state_layers: tuple[int, ...] = ()
-    per_token_cost: bool = False
 
     def check_request(self, request: DraftRequest) -> None:
         """Raise ``ValueError`` before any compute when ``request`` cannot be served (e.g. a tree too deep)."""
@@ -223,7 +220,6 @@ class DraftModelDrafter(Drafter):
 
     name = "draft"
     hidden_state_layers: tuple[int, ...] = ()
-    per_token_cost = True
 
     def __init__(
         self, model: PreTrainedModel, num_speculative_tokens: int = 5, confidence_threshold: float | None = None

@@ -20,8 +20,9 @@ How much each source proposes: the lookup proposes, per match length n, ``tokens
 for up to ``candidates`` distinct continuations (the most recent occurrences of the longest match first, then
 shorter matches). ``calibrate --prompt-lookup`` measures the acceptance of lookup tokens by match length on the
 calibration prompts and stores the table with the heads' calibration (``tree.json``); without one the defaults
-below hold. ``skip_drafter_at``: from that match length on, a drafter that pays a forward per drafted token (the
-draft model, :attr:`Drafter.per_token_cost`) does not draft for the step; the lookup's branch alone is verified.
+below hold. ``skip_drafter_at``: from that match length on (in every row of the step), the drafter does not draft
+for the step; the lookup's branches alone are verified. It saves what the drafter pays per step (the draft model's
+forward per drafted token, a head's forward per level) where the lookup is likely right on its own; off by default.
 
 An optional corpus of earlier outputs (``PromptLookup.corpus``: a JSONL file, :func:`read_corpus`, or token lists)
 is indexed once per decoder (:class:`CorpusIndex`, as SuffixDecoding's global tree) and looked up beside each row's
@@ -66,7 +67,7 @@ class PromptLookup:
         min_ngram: the shortest suffix match that proposes.
         candidates: distinct continuations (branches) proposed per step at most.
         tokens_by_match: tokens proposed for a match of length n, at index n (the last entry serves longer matches).
-        skip_drafter_at: a match of at least this length makes a per-token-cost drafter skip the step (None: never).
+        skip_drafter_at: a match of at least this length in every row makes the drafter skip the step (None: never).
         corpus: earlier outputs looked up beside each row's own text (see the module): a JSONL file
             (:func:`read_corpus`; its texts are tokenised once, with the decoder's tokenizer) or token lists; None
             (default): the row's own text only. Not part of :meth:`record` (a calibration stores no paths). Off by
@@ -472,7 +473,6 @@ class WithLookup(Drafter):
         self.corpus = corpus_index(self.settings, tokenizer)  # one index for every generation of this decoder
         self.name = f"{inner.name}+lookup"
         self.hidden_state_layers = inner.hidden_state_layers
-        self.per_token_cost = inner.per_token_cost
         self.last_stats = LookupStats()
 
     def __getattr__(self, name: str) -> Any:
@@ -520,7 +520,10 @@ class WithLookup(Drafter):
         )
         self.last_stats = state.draft.stats
 
-    def propose(self, state: DecodeState, request: DraftRequest) -> list[Proposal | None] | None:
+    def propose(self, state: DecodeState, request: DraftRequest) -> Proposal | list[Proposal | None] | None:
+        """Each row's drafter proposal with its lookup branches grafted on (:func:`merge`). Where no row gains a
+        lookup node, the drafter's own answer is returned as it gave it (one tree for all rows stays one), so an
+        idle lookup leaves the verify forward as it was."""
         composed: _Composed = state.draft
         rows = state.rows
         limits = request.max_depths or (request.max_depth,) * len(rows)
@@ -528,21 +531,22 @@ class WithLookup(Drafter):
         for i, row in enumerate(rows):
             context = state.host_tokens[row] if state.host_tokens else state.sequence(row).tolist()
             branches.append(self._lookup(composed.indexes[i], context, limits[i]) if limits[i] > 0 else [])
-        skip = (
-            self.settings.skip_drafter_at is not None
-            and self.per_token_cost
-            and all(found and found[0][0] >= self.settings.skip_drafter_at for found in branches)
+        skip = self.settings.skip_drafter_at is not None and all(
+            found and found[0][0] >= self.settings.skip_drafter_at for found in branches
         )
+        raw: Proposal | list[Proposal | None] | None = None
         if skip:
             inner: list[Proposal | None] = [None] * len(rows)
             composed.stats.skipped_drafts += 1
         else:
             with self._inner_view(state):
-                inner = rows_of(self.inner.propose(state, request), len(rows))
+                raw = self.inner.propose(state, request)
+            inner = rows_of(raw, len(rows))
         composed.branches = branches
         composed.lengths = [state.lengths[row] for row in rows]
         proposals: list[Proposal | None] = []
         device = state.tokens.device
+        grafted = False  # whether some row gained a lookup node
         for i, (proposal, found) in enumerate(zip(inner, branches, strict=True)):
             if proposal is None or proposal.tokens.shape[1] == 0:
                 composed.inner_trees[i] = None
@@ -550,7 +554,8 @@ class WithLookup(Drafter):
             else:
                 composed.inner_trees[i] = (proposal.tree.parents, proposal.tokens[0].tolist())
             proposals.append(merge(proposal, [branch for _, branch in found], device))
-        return proposals
+            grafted = grafted or proposals[-1] is not proposal
+        return proposals if grafted or skip else raw
 
     def _lookup(self, index: SuffixIndex, context: Sequence[int], limit: int) -> list[tuple[int, list[int]]]:
         found = index.lookup(context, limit)

@@ -201,6 +201,36 @@ def test_a_lookup_that_is_always_wrong_changes_nothing(monkeypatch, llama) -> No
             assert sum(out.stats.accepted_drafts) <= sum(alone.stats.accepted_drafts) + 2
 
 
+def test_an_idle_lookup_hands_the_engine_the_drafters_own_answer(monkeypatch, llama) -> None:
+    """Where no row gains a lookup node, the composition returns the drafter's answer object itself (one tree for all
+    rows stays one, and the verify forward is the drafter's alone); where a row gains one, the rows are merged."""
+    other = tiny_model("llama", seed=2, hidden=16, layers=1)
+    answers: list[tuple[object, object]] = []
+    inner_propose, outer_propose = DraftModelDrafter.propose, WithLookup.propose
+
+    def inner(self, state, request):  # noqa: ANN001, ANN202
+        answers.append((inner_propose(self, state, request), None))
+        return answers[-1][0]
+
+    def outer(self, state, request):  # noqa: ANN001, ANN202
+        result = outer_propose(self, state, request)
+        answers[-1] = (answers[-1][0], result)
+        return result
+
+    monkeypatch.setattr(DraftModelDrafter, "propose", inner)
+    monkeypatch.setattr(WithLookup, "propose", outer)
+    prompts = [prompt[0].tolist() for prompt in _prompts()]
+    expected = [greedy_reference(llama, torch.tensor([p]), 16)[0, len(p) :].tolist() for p in prompts]
+    for settings, idle in ((PromptLookup(tokens_by_match=(0,)), True), (PromptLookup(), False)):
+        answers.clear()
+        out = SpecDecoder(llama, DraftModelDrafter(other, 3), prompt_lookup=settings).generate(
+            prompts, max_new_tokens=16
+        )
+        assert [row.new_tokens for row in out] == expected
+        same = [result is own for own, result in answers]
+        assert all(same) if idle else not all(same), (idle, same)
+
+
 def test_the_cache_reserves_the_lookups_branches_beyond_a_requested_tree(monkeypatch, llama) -> None:
     """The engine sizes the cache at prefill for the largest step, the lookup's branches included: it never grows."""
 
@@ -219,7 +249,7 @@ def test_the_cache_reserves_the_lookups_branches_beyond_a_requested_tree(monkeyp
 
 def test_composition_is_refused_twice_and_reads_the_drafters_attributes(llama) -> None:
     composed = WithLookup(DraftModelDrafter(llama, 3))
-    assert composed.model is llama and composed.per_token_cost
+    assert composed.model is llama and composed.num_speculative_tokens == 3
     with pytest.raises(ValueError, match="already"):
         WithLookup(composed)
     with pytest.raises(TypeError, match="prompt_lookup"):
@@ -279,10 +309,14 @@ class _Recorder:
         drafter.propose = propose
 
 
+@pytest.mark.parametrize("skip", [None, 4], ids=["drafting", "skipping"])
 @pytest.mark.parametrize("kind", ["draft", "eagle"])
-def test_after_lookup_only_steps_the_drafter_proposes_as_if_it_had_decoded_the_tokens_itself(kind: str) -> None:
+def test_after_lookup_only_steps_the_drafter_proposes_as_if_it_had_decoded_the_tokens_itself(
+    kind: str, skip: int | None
+) -> None:
     """A drafter's state after a step in which only the lookup's tokens were accepted equals its state after
-    decoding the same tokens without lookup: its next proposal equals a fresh drafter's on the same context."""
+    decoding the same tokens without lookup: its next proposal equals a fresh drafter's on the same context. So
+    after steps it skipped (``skip_drafter_at``: a long match, the lookup's branch alone verified)."""
     base = tiny_model("llama", seed=1)
     if kind == "draft":
         other = copy.deepcopy(base)  # the base with its weights perturbed: often, not always, right; context-sensitive
@@ -302,12 +336,14 @@ def test_after_lookup_only_steps_the_drafter_proposes_as_if_it_had_decoded_the_t
             return EagleDrafter(head)
 
         options = {"tree": "chain-3"}
-    prompt = _prompts()[0]
+    # skipping: the random prompt, whose output repeats itself later, so that the drafter drafts between skipped steps
+    prompt = _prompts()[0 if skip is None else 1]
     drafter = make()
     recorder = _Recorder(drafter)
-    out = SpecDecoder(base, drafter, prompt_lookup=PromptLookup(min_ngram=1, tokens_by_match=(0, 2, 4, 8))).generate(
-        prompt, max_new_tokens=40, **options
-    )
+    settings = PromptLookup(min_ngram=1, tokens_by_match=(0, 2, 4, 8), skip_drafter_at=skip)
+    decoder = SpecDecoder(base, drafter, prompt_lookup=settings)
+    out = decoder.generate(prompt, max_new_tokens=40, **options)
+    assert (decoder.drafter.last_stats.skipped_drafts > 0) == (skip is not None)
     sequence = out.sequences[0]
     checked = 0
     for (length, tokens), (next_length, _) in zip(recorder.seen, recorder.seen[1:], strict=False):
