@@ -34,6 +34,17 @@ def rows_cache(tmp_path_factory, monkeypatch):
     return folder
 
 
+def ragged_batch(seed: int = 0, rows: int = 2, length: int = 24, padding: int = 4) -> dict[str, torch.Tensor]:
+    """A training batch as the trainer's loader gives it (token ids below 96): every row after the first right-padded
+    by ``padding`` positions, the first two tokens of each row no target."""
+    input_ids = torch.randint(2, 96, (rows, length), generator=torch.Generator().manual_seed(seed))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1:, length - padding :] = 0
+    loss_mask = attention_mask.clone()
+    loss_mask[:, :2] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
 def make_workspace(root: Path, layers: int = 2) -> Path:
     """``root/base`` (a tiny Llama and its tokenizer) and ``root/data`` (12 files of code text)."""
     tiny_model("llama", seed=1, layers=layers).save_pretrained(root / "base")

@@ -29,6 +29,7 @@ import pytest
 import torch
 from helpers import ARCHITECTURES, greedy_reference, tiny_model, tiny_tokenizer
 from methods import toy_method
+from training_helpers import ragged_batch
 
 from specheads import SpecDecoder
 from specheads.export import check_export, export_heads
@@ -80,12 +81,7 @@ def _section(method: HeadType, **values: Any) -> Any:
 
 def _batch(seed: int = 0, rows: int = 2, length: int = 24) -> dict[str, torch.Tensor]:
     """A training batch as the trainer's loader gives it: the second row right-padded, the first tokens no target."""
-    input_ids = torch.randint(2, 96, (rows, length), generator=torch.Generator().manual_seed(seed))
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[1:, length - 4 :] = 0
-    loss_mask = attention_mask.clone()
-    loss_mask[:, :2] = 0
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+    return ragged_batch(seed, rows, length, padding=4)
 
 
 def _dataset() -> Any:

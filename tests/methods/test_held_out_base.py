@@ -9,17 +9,13 @@ import datasets
 import pytest
 import torch
 from helpers import tiny_model
+from training_helpers import ragged_batch
 
 from specheads.registry import HEAD_TYPES
 
 
 def _batch(seed: int, rows: int = 2, length: int = 20) -> dict[str, torch.Tensor]:
-    input_ids = torch.randint(2, 96, (rows, length), generator=torch.Generator().manual_seed(seed))
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[1:, length - 3 :] = 0
-    loss_mask = attention_mask.clone()
-    loss_mask[:, :2] = 0
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+    return ragged_batch(seed, rows, length, padding=3)
 
 
 @pytest.mark.parametrize("name", sorted(HEAD_TYPES))
