@@ -596,7 +596,7 @@ def benchmark(options: BenchOptions, load: MachineLoad, command: str = "") -> tu
             raise ValueError("--prompts is required unless --base default")
         prompts_path = assets.prompts_path()
     tokenizer = load_tokenizer(options.tokenizer or options.base)
-    prompts = load_prompts(prompts_path, tokenizer, limit=options.limit, per_category=options.per_category)
+    prompts = load_prompts(prompts_path, tokenizer, options.limit, options.per_category, options.category_names())
     batch_sizes = sorted(set(options.batch_size))
     if batch_sizes[0] < 1 or batch_sizes[-1] > len(prompts):
         raise ValueError(f"--batch-size values must lie in [1, {len(prompts)}] (the number of prompts)")

@@ -329,6 +329,10 @@ class BenchOptions:
         type=positive_int,
         metavar="N",
     )
+    categories: str | None = option(
+        "comma-separated categories to keep (e.g. coding,extraction of MT-Bench), before --limit and --per-category",
+        metavar="C1,C2",
+    )
     repeats: int = option("passes over the prompts (more: less noise)", 1, type=positive_int)
     batch_size: list[int] = option(
         "batch sizes, e.g. 1 2 4 8: consecutive groups of B prompts are decoded in one call and compared with "
@@ -380,6 +384,11 @@ class BenchOptions:
     def only(self) -> list[str] | None:
         """The rows ``--methods`` names (None: every row)."""
         return [name.strip() for name in self.methods.split(",")] if self.methods else None
+
+    def category_names(self) -> list[str] | None:
+        """The categories ``--categories`` keeps, or None for all."""
+        names = [name.strip() for name in (self.categories or "").split(",") if name.strip()]
+        return names or None
 
 
 @dataclass(kw_only=True)

@@ -243,6 +243,7 @@ def load_prompts(
     tokenizer: PreTrainedTokenizerBase | None = None,
     limit: int | None = None,
     per_category: int | None = None,
+    categories: Sequence[str] | None = None,
 ) -> list[Prompt]:
     """Read a JSONL prompts file (or ``"mt-bench"``, see :func:`prompts_file`).
 
@@ -252,15 +253,17 @@ def load_prompts(
         limit: keep ``limit`` prompts: the first ones of a file without categories; when records have a
             ``"category"``, a balanced subset (see :func:`select_prompts`).
         per_category: keep the first ``per_category`` prompts of each category, in file order (needs categories).
+        categories: keep only the prompts of these categories (before ``limit`` and ``per_category``).
 
     Raises:
         PromptFileError: the file is missing or empty, a line is not a JSON object with a usable prompt, or
-            ``per_category`` is given for a file without categories.
+            ``per_category`` or ``categories`` is given for a file without categories, or a category named in
+            ``categories`` has no prompt.
     """
     if str(path) in NAMED_SETS and not Path(path).exists():
         named = [_parse_line(line, where, i, tokenizer) for i, (where, line) in enumerate(_named_set_lines(str(path)))]
         try:
-            return select_prompts(named, limit, per_category)
+            return select_prompts(named, limit, per_category, categories)
         except ValueError as error:
             raise PromptFileError(f"{path}: {error}") from None
     path = prompts_file(path)
@@ -275,21 +278,31 @@ def load_prompts(
                 continue
             prompts.append(_parse_line(line, f"{path}:{number}", len(prompts), tokenizer))
             categorised = categorised or prompts[-1].category is not None
-            if limit is not None and len(prompts) >= limit and not categorised and per_category is None:
+            if (
+                limit is not None
+                and len(prompts) >= limit
+                and not categorised
+                and per_category is None
+                and not categories
+            ):
                 break  # the first ones are the subset: the rest need not be read
     if not prompts:
         raise PromptFileError(f"prompts file {path} holds no prompts")
     try:
-        return select_prompts(prompts, limit, per_category)
+        return select_prompts(prompts, limit, per_category, categories)
     except ValueError as error:
         raise PromptFileError(f"{path}: {error}") from None
 
 
 def select_prompts(
-    prompts: Sequence[Prompt], limit: int | None = None, per_category: int | None = None
+    prompts: Sequence[Prompt],
+    limit: int | None = None,
+    per_category: int | None = None,
+    categories: Sequence[str] | None = None,
 ) -> list[Prompt]:
     """A subset of ``prompts``, in their order.
 
+    ``categories`` first keeps only the prompts of those categories (MT-Bench's ``coding``, ``extraction``, ...).
     ``per_category`` keeps the first N prompts of each category. ``limit`` then keeps the first ``limit`` prompts
     when none has a category; otherwise it takes them round-robin over the categories (in the order they first
     appear: the first prompt of each, then the second of each, ...), so that ``limit=10`` of MT-Bench's 8
@@ -297,7 +310,8 @@ def select_prompts(
     Prompts without a category count as one more category.
 
     Raises:
-        ValueError: ``limit`` or ``per_category`` below 1, or ``per_category`` for prompts without categories.
+        ValueError: ``limit`` or ``per_category`` below 1, ``per_category`` or ``categories`` for prompts without
+            categories, or a category of ``categories`` that no prompt has (the ones there are are named).
     """
     for name, value in (("limit", limit), ("per_category", per_category)):
         if value is not None and value < 1:
@@ -305,6 +319,14 @@ def select_prompts(
     categorised = any(p.category is not None for p in prompts)
     if per_category is not None and not categorised:
         raise ValueError("per-category subsets need records with a 'category' field (as MT-Bench's); none has one")
+    if categories:
+        if not categorised:
+            raise ValueError("choosing categories needs records with a 'category' field (as MT-Bench's); none has one")
+        present = list(dict.fromkeys(p.category for p in prompts if p.category is not None))
+        missing = [name for name in categories if name not in present]
+        if missing:
+            raise ValueError(f"no prompt of the categories {', '.join(missing)}; there are: {', '.join(present)}")
+        prompts = [p for p in prompts if p.category in set(categories)]
     by_category: dict[str | None, list[int]] = {}
     for index, prompt in enumerate(prompts):
         by_category.setdefault(prompt.category, []).append(index)

@@ -122,6 +122,28 @@ def test_per_category_and_limit_take_balanced_subsets(models, tmp_path) -> None:
     assert all(row["matches_greedy"] for rows in report["by_category"].values() for row in rows)
 
 
+def test_categories_keep_only_the_named_ones_and_an_unknown_one_is_named(models, tmp_path, capsys) -> None:
+    prompts = mt_bench_file(tmp_path / "q.jsonl", per_category=2)
+    report = bench(models, tmp_path / "c", "--prompts", prompts, "--categories", "coding, math", "--methods", "none")
+    assert report["categories"] == {"math": 2, "coding": 2} and report["turns"] == 8
+    report = bench(
+        models,
+        tmp_path / "cl",
+        "--prompts",
+        prompts,
+        "--categories",
+        "coding",
+        "--per-category",
+        "1",
+        "--methods",
+        "none",
+    )
+    assert report["categories"] == {"coding": 1}
+    argv = ["bench", "--base", str(models / "base"), "--prompts", prompts, "--categories", "coding,roleplay"]
+    assert main([*argv, "--out", str(tmp_path / "x")]) == 2
+    assert "no prompt of the categories roleplay; there are: writing, math, coding" in capsys.readouterr().err
+
+
 def test_batched_categories_group_within_a_category(models, tmp_path) -> None:
     prompts = mt_bench_file(tmp_path / "q.jsonl", per_category=2)
     report = bench(models, tmp_path / "b", "--prompts", prompts, "--batch-size", "1", "2", "--methods", "none")
