@@ -147,4 +147,20 @@ MUTATIONS = (
         "",
         (f"{DIAGNOSTICS}::test_each_depth_scores_the_positions_on_the_base_path",),
     ),
+    Mutation(
+        "training-memory-threshold-not-set",
+        "the allocator's thresholds are reported set but are not: a long run's freed blocks stay with the process",
+        "specheads/training/memory.py",
+        "    applied = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1\n",
+        "    return True\n",
+        ("tests/training/test_memory.py::test_freed_blocks_go_back_to_the_system_where_glibc_keeps_them_by_default",),
+    ),
+    Mutation(
+        "trainer-keeps-freed-memory",
+        "the trainer never asks glibc to return freed blocks: its memory grows with every step of a long run",
+        "specheads/training/trainer.py",
+        "    return_freed_memory()  # a long run's freed blocks go back to the system (glibc): its memory stays flat\n",
+        "",
+        ("tests/training/test_memory.py::test_the_trainer_applies_it_before_a_run_starts",),
+    ),
 )

@@ -74,6 +74,7 @@ from specheads.training.data import build_dataset
 from specheads.training.features import CachedFeatures, collate_padded, rows_fingerprint, write_feature_cache
 from specheads.training.files import expand_data_paths
 from specheads.training.heldout import final_evaluation, periodic_evaluation
+from specheads.training.memory import return_freed_memory
 from specheads.training.optimizers import build_optimizer, build_scheduler
 from specheads.training.processes import accelerator_for, check_fsdp_recipe, check_tracker, prepare_fsdp
 from specheads.training.run_state import BEST, EVALS, FINAL_STATE, HEADS, Run, write_json
@@ -107,6 +108,7 @@ def train(config: RecipeConfig) -> Path:
     finished = finished_run(config)
     if finished is not None:
         return finished
+    return_freed_memory()  # a long run's freed blocks go back to the system (glibc): its memory stays flat
     run = setup(config)
     with _stop_on_signals(run):
         train_loop(run)
