@@ -326,7 +326,8 @@ def select_prompts(
         missing = [name for name in categories if name not in present]
         if missing:
             raise ValueError(f"no prompt of the categories {', '.join(missing)}; there are: {', '.join(present)}")
-        prompts = [p for p in prompts if p.category in set(categories)]
+        wanted = set(categories)
+        prompts = [p for p in prompts if p.category in wanted]
     by_category: dict[str | None, list[int]] = {}
     for index, prompt in enumerate(prompts):
         by_category.setdefault(prompt.category, []).append(index)

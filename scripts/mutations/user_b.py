@@ -89,7 +89,7 @@ MUTATIONS = (
         "bench-categories-ignored",
         "bench --categories is read but every category's prompts are kept",
         "specheads/prompts.py",
-        "        prompts = [p for p in prompts if p.category in set(categories)]\n",
+        "        prompts = [p for p in prompts if p.category in wanted]\n",
         "",
         ("tests/test_bench.py::test_categories_keep_only_the_named_ones_and_an_unknown_one_is_named",),
     ),
