@@ -13,7 +13,9 @@ tree.json, eval.json and recipe.json) into ``specheads/assets/<name>/eagle3/`` a
 ``specheads/assets/<name>/manifest.json``: the base (package, file, sha256), the recipe and its data, the tokens the
 heads saw (from the run's checkpoint state), the held-out agreement, the learning curve (``--curve``: the
 ``curve.json`` of ``scripts/learning_curve.py``), the calibration, the commands and the sha256 of every shipped
-file, checked whenever the heads are loaded. Refuses heads that do not load on the base and heads over 20 MB.
+file, checked whenever the heads are loaded. Settings the run took from the command line (``data.limit=null``)
+are found by comparing the run's recipe with ``--config`` and written into the recorded train command. Refuses heads
+that do not load on the base and heads over the base's size limit (20 MB; 64 MB for Qwen2.5-Coder-1.5B's).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -29,20 +32,64 @@ from pathlib import Path
 ASSETS = Path(__file__).resolve().parents[1] / "specheads" / "assets"
 FILES = ("config.json", "model.safetensors", "tree.json", "eval.json", "recipe.json")
 MAX_HEADS_BYTES = 20 * 10**6
+MAX_HEADS_BYTES_BY_BASE = {"qwen2.5-coder-1.5b": 64 * 10**6}  # a 1536-wide head with its own draft lm_head
+# Settings that do not change the heads a run produces: where files go, logging, caching, resuming.
+NEUTRAL_SETTINGS = {
+    "output.dir", "output.save_every", "log.tracker", "log.every", "data.feature_cache", "data.cache",
+    "data.cache_dir", "data.num_proc", "train.resume", "train.overwrite", "train.max_minutes", "model.dtype",
+    "train.mixed_precision",
+}  # fmt: skip
 
 
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _commands(name: str, run: Path, recipe: dict, config: str, stages: Sequence[str] = (), turns: int = 1) -> list[str]:
+def _overrides(recipe: dict, config: str) -> list[str]:
+    """``key=value`` for every setting where the run's recipe differs from the recipe file it was started with,
+    except ``NEUTRAL_SETTINGS``; nothing when the file is gone."""
+    if not Path(config).is_file():
+        return []
+    from specheads.training.config import load_config
+
+    def leaves(section: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in section.items():
+            if isinstance(value, dict):
+                out |= leaves(value, f"{prefix}{key}.")
+            else:
+                out[prefix + key] = value
+        return out
+
+    trained, written = leaves(recipe), leaves(load_config(config).to_dict())
+
+    def setting(key: str, value: object) -> str:
+        return shlex.quote(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
+
+    return [
+        setting(key, value)
+        for key, value in trained.items()
+        if key not in NEUTRAL_SETTINGS and key in written and written[key] != value
+    ]
+
+
+def _commands(
+    name: str,
+    run: Path,
+    recipe: dict,
+    config: str,
+    stages: Sequence[str] = (),
+    turns: int = 1,
+    overrides: Sequence[str] = (),
+) -> list[str]:
     """The commands that reproduce the shipped heads, from the recipe they were trained with: the distilled chats
     (rebuilt from the answers kept in ``data/<name>/responses`` where the repository holds them, else distilled
     again; a prefix of the distillation's output when the recipe names ``distilled-N.jsonl``, what follows its first N
     records for ``distilled-after-N.jsonl``), the training runs (``stages``: recipes trained before this one, whose
     heads it continues through ``train.init_from``; with its output folder when it is not the recipe file's),
     calibration and this script. ``turns`` > 1: the distillation grew from first turns to conversations of that many
-    turns (``sharegpt_prompts.py --turns``), whose prompts file the rebuild reads too."""
+    turns (``sharegpt_prompts.py --turns``), whose prompts file the rebuild reads too. ``overrides``: settings the
+    last run took from its command line (``_overrides``), repeated on its train command."""
     distilled = f"data/{name}/distilled.jsonl"
     prompts = f"data/{name}/sharegpt_prompts.jsonl"
     eval_paths = recipe.get("data", {}).get("eval_paths") or []
@@ -71,7 +118,7 @@ def _commands(name: str, run: Path, recipe: dict, config: str, stages: Sequence[
             commands.append(f"head -n {stem} {distilled} > {path}")
         elif stem.startswith("after-") and stem.removeprefix("after-").isdigit():
             commands.append(f"tail -n +{int(stem.removeprefix('after-')) + 1} {distilled} > {path}")
-    train = f"specheads train --config {config}"
+    train = " ".join([f"specheads train --config {config}", *overrides])
     if recipe.get("output", {}).get("dir") not in (None, str(run)):
         train += f" output.dir={run}"
     return [
@@ -135,9 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     for path in staging.iterdir():
         path.chmod(0o644)
     size = sum(path.stat().st_size for path in staging.iterdir())
-    if size > MAX_HEADS_BYTES:
+    limit = MAX_HEADS_BYTES_BY_BASE.get(args.name, MAX_HEADS_BYTES)
+    if size > limit:
         shutil.rmtree(staging)
-        raise SystemExit(f"the heads are {size / 1e6:.2f} MB, over the {MAX_HEADS_BYTES / 1e6:.0f} MB limit")
+        raise SystemExit(f"the heads are {size / 1e6:.2f} MB, over the {limit / 1e6:.0f} MB limit for {args.name}")
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
 
@@ -165,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
                 | {"machine": tree.get("machine")},
                 "learning_curve": json.loads(args.curve.read_text())["points"] if args.curve else None,
                 "stages": [_stage_facts(stage) for stage in args.stage],
-                "commands": _commands(args.name, args.run, recipe, recipe_path, args.stage, args.turns),
+                "commands": _commands(
+                    args.name, args.run, recipe, recipe_path, args.stage, args.turns, _overrides(recipe, recipe_path)
+                ),
             }
         },
     }

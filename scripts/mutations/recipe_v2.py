@@ -163,4 +163,26 @@ MUTATIONS = (
         "",
         ("tests/training/test_memory.py::test_the_trainer_applies_it_before_a_run_starts",),
     ),
+    Mutation(
+        "shipped-command-drops-overrides",
+        "a shipped manifest's train command leaves out the settings the run took from its command line",
+        "scripts/ship_named_heads.py",
+        '    train = " ".join([f"specheads train --config {config}", *overrides])\n',
+        '    train = f"specheads train --config {config}"\n',
+        (
+            "tests/assets/test_ship_named_heads_script.py::"
+            "test_settings_the_run_took_from_its_command_line_are_repeated_on_its_train_command",
+        ),
+    ),
+    Mutation(
+        "shipped-overrides-include-paths",
+        "where the run wrote its files (output.dir, the feature cache) is recorded as a setting of the heads",
+        "scripts/ship_named_heads.py",
+        "        if key not in NEUTRAL_SETTINGS and key in written and written[key] != value\n",
+        "        if key in written and written[key] != value\n",
+        (
+            "tests/assets/test_ship_named_heads_script.py::"
+            "test_settings_the_run_took_from_its_command_line_are_repeated_on_its_train_command",
+        ),
+    ),
 )

@@ -47,3 +47,20 @@ def test_without_kept_answers_the_conversations_are_distilled_turn_by_turn_after
         "specheads train --config c.yaml output.dir=runs/x",
         "specheads calibrate --config c.yaml --heads runs/x/heads",
     ]
+
+
+def test_settings_the_run_took_from_its_command_line_are_repeated_on_its_train_command(tmp_path: Path) -> None:
+    from specheads.training.config import load_config
+
+    script = load_script("ship_named_heads")
+    config = tmp_path / "recipe.yaml"
+    config.write_text("data:\n  paths: [data/x/distilled.jsonl]\n  limit: 3700\ntrain:\n  lr: 1.0e-3\n")
+    trained = load_config(
+        config, ["data.limit=null", "train.lr=2e-3", "output.dir=runs/full", "data.feature_cache=runs/elsewhere"]
+    ).to_dict()
+    overrides = script._overrides(trained, str(config))
+    assert overrides == ["data.limit=null", "train.lr=0.002"]  # where files go is not a setting of the heads
+    assert script._overrides(load_config(config).to_dict(), str(config)) == []
+    assert script._overrides(trained, str(tmp_path / "gone.yaml")) == []
+    commands = script._commands("other", Path("runs/full"), trained, str(config), overrides=overrides)
+    assert f"specheads train --config {config} data.limit=null train.lr=0.002" in commands
