@@ -52,7 +52,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", type=Path, required=True, help="the llama-server binary")
     parser.add_argument("--base", default="smollm2-135m", help="a named base (its GGUF is served)")
-    parser.add_argument("--heads", help="EAGLE-3 heads (default: the heads shipped for --base)")
+    parser.add_argument(
+        "--heads",
+        help="EAGLE-3 heads: a folder or default[:VARIANT] (default: the shipped heads llama.cpp runs for --base)",
+    )
     parser.add_argument(
         "--draft-model",
         help="a named base served as a classic draft model (-md, --spec-type draft-simple) instead of EAGLE-3 heads",
@@ -76,6 +79,7 @@ def main() -> int:
     # imported once the arguments are read: --help and a usage error answer without loading torch
     from specheads import assets, load_heads
     from specheads.export import export_heads
+    from specheads.heads.loading import heads_path
     from specheads.llama_server import LlamaServer
     from specheads.loading import load_causal_lm, load_tokenizer
     from specheads.machine import measure_load
@@ -88,7 +92,9 @@ def main() -> int:
         draft, kind, spec_type = assets.named_gguf(args.draft_model), "draft", "draft-simple"
     else:  # specheads' EAGLE-3 heads, written as llama.cpp's EAGLE-3 draft GGUF
         base = load_causal_lm(args.base)
-        head = load_heads(args.heads or assets.shipped_heads(args.base), base)
+        head = load_heads(
+            Path(heads_path(args.heads, args.base)) if args.heads else assets.llamacpp_heads(args.base), base
+        )
         draft, kind, spec_type = work / "draft.gguf", "eagle3", "draft-eagle3"
         export_heads(head, draft, "gguf", base_model=base, dtype=args.dtype, target_gguf=base_gguf)
         del base

@@ -155,7 +155,10 @@ def main() -> int:
     parser.add_argument("--llama-cpp", type=Path, required=True, help="the llama.cpp source tree (its converter)")
     parser.add_argument("--server", type=Path, required=True, help="the llama-server binary")
     parser.add_argument("--base", default="default", help="'default' or a named base (its GGUF is served)")
-    parser.add_argument("--heads", help="EAGLE-3 heads (default: the heads shipped for --base)")
+    parser.add_argument(
+        "--heads",
+        help="EAGLE-3 heads: a folder or default[:VARIANT] (default: the shipped heads llama.cpp runs for --base)",
+    )
     parser.add_argument("--draft-n", type=int, default=3, help="draft length, both engines (default 3)")
     parser.add_argument("--prompts", type=int, default=9)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -179,6 +182,7 @@ def main() -> int:
 
     from specheads import SpecDecoder, assets, load_heads
     from specheads.export import export_heads
+    from specheads.heads.loading import heads_path
     from specheads.loading import load_causal_lm, load_tokenizer
     from specheads.methods.eagle.gguf import compare_gguf
 
@@ -189,7 +193,7 @@ def main() -> int:
     base_dir = Path(assets.resolve(args.base)).resolve()
     base = load_causal_lm(args.base)
     tokenizer = load_tokenizer(args.base)
-    heads_dir = args.heads or assets.shipped_heads(args.base)
+    heads_dir = Path(heads_path(args.heads, args.base)) if args.heads else assets.llamacpp_heads(args.base)
     served = args.served if args.base in assets.NAMED_BASES else "float32"
     summary: dict = {"base": args.base, "served": served, "draft_n": args.draft_n, "threads": args.threads}
 

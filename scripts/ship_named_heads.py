@@ -5,6 +5,10 @@
     python scripts/ship_named_heads.py smollm2-135m runs/smollm2-135m-eagle3-large \
         --config configs/smollm2-135m/eagle3-large.yaml --training training.json --curve curve.json
 
+``--variant NAME`` ships them beside the default heads instead (``specheads/assets/<name>/eagle3-NAME``, loaded with
+``heads="default:NAME"``; ``llamacpp`` is the set llama.cpp's checks and exports use where the default cannot run
+there); the manifest keeps every other shipped set.
+
 Heads continued from an earlier run (``train.init_from``) name the earlier recipes with ``--stage``, and ``--turns N``
 says the distillation grew to conversations of N turns.
 
@@ -81,6 +85,7 @@ def _commands(
     stages: Sequence[str] = (),
     turns: int = 1,
     overrides: Sequence[str] = (),
+    variant: str | None = None,
 ) -> list[str]:
     """The commands that reproduce the shipped heads, from the recipe they were trained with: the distilled chats
     (rebuilt from the answers kept in ``data/<name>/responses`` where the repository holds them, else distilled
@@ -89,7 +94,8 @@ def _commands(
     heads it continues through ``train.init_from``; with its output folder when it is not the recipe file's),
     calibration and this script. ``turns`` > 1: the distillation grew from first turns to conversations of that many
     turns (``sharegpt_prompts.py --turns``), whose prompts file the rebuild reads too. ``overrides``: settings the
-    last run took from its command line (``_overrides``), repeated on its train command."""
+    last run took from its command line (``_overrides``), repeated on its train command; ``variant``: shipped beside
+    the default heads."""
     distilled = f"data/{name}/distilled.jsonl"
     prompts = f"data/{name}/sharegpt_prompts.jsonl"
     eval_paths = recipe.get("data", {}).get("eval_paths") or []
@@ -128,7 +134,8 @@ def _commands(
         f"specheads calibrate --config {config} --heads {run}/heads",
         f"python scripts/ship_named_heads.py {name} {run} --config {config}"
         + "".join(f" --stage {stage}" for stage in stages)
-        + (f" --turns {turns}" if turns > 1 else ""),
+        + (f" --turns {turns}" if turns > 1 else "")
+        + (f" --variant {variant}" if variant else ""),
     ]
 
 
@@ -148,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--turns", type=int, default=1, help="the distillation grew to conversations of this many turns"
     )
+    parser.add_argument("--variant", help="ship beside the default heads as heads='default:VARIANT' (e.g. llamacpp)")
     args = parser.parse_args(argv)
     recipe_path = args.config or f"configs/{args.name}/eagle3.yaml"
 
@@ -166,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     missing = [name for name in FILES[:3] if not (heads_dir / name).is_file()]
     if missing:
         raise SystemExit(f"{heads_dir} lacks {missing}: train, then run specheads calibrate on it first")
-    target = ASSETS / args.name / "eagle3"
-    staging = target.with_name(".eagle3.tmp")
+    key = "eagle3" if args.variant is None else f"eagle3-{args.variant}"
+    target = ASSETS / args.name / key
+    staging = target.with_name(f".{key}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     for name in FILES:
@@ -194,12 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     recipe = json.loads((target / "recipe.json").read_text()) if (target / "recipe.json").is_file() else {}
     evaluation = json.loads((target / "eval.json").read_text()) if (target / "eval.json").is_file() else {}
     tree = json.loads((target / "tree.json").read_text())
+    root = ASSETS / args.name
+    previous = json.loads((root / "manifest.json").read_text()) if (root / "manifest.json").is_file() else {}
     manifest = {
         "name": args.name,
         "base": {"package": named.requirement, "file": named.filename, "sha256": file_sha256(gguf)},
         "heads": {
-            "eagle3": {
-                "path": "eagle3",
+            **{name: entry for name, entry in previous.get("heads", {}).items() if (root / entry["path"]).is_dir()},
+            key: {
+                "path": key,
                 "parameters": sum(p.numel() for p in heads.parameters()),
                 "dtype": "bfloat16",
                 "recipe": recipe,
@@ -214,12 +226,18 @@ def main(argv: list[str] | None = None) -> int:
                 "learning_curve": json.loads(args.curve.read_text())["points"] if args.curve else None,
                 "stages": [_stage_facts(stage) for stage in args.stage],
                 "commands": _commands(
-                    args.name, args.run, recipe, recipe_path, args.stage, args.turns, _overrides(recipe, recipe_path)
+                    args.name,
+                    args.run,
+                    recipe,
+                    recipe_path,
+                    args.stage,
+                    args.turns,
+                    _overrides(recipe, recipe_path),
+                    args.variant,
                 ),
-            }
+            },
         },
     }
-    root = ASSETS / args.name
     manifest["files"] = {
         path.relative_to(root).as_posix(): sha256_file(path)
         for path in sorted(root.rglob("*"))

@@ -185,4 +185,26 @@ MUTATIONS = (
             "test_settings_the_run_took_from_its_command_line_are_repeated_on_its_train_command",
         ),
     ),
+    Mutation(
+        "heads-variant-ignored",
+        "heads='default:llamacpp' loads the default heads: the variant after the colon is dropped",
+        "specheads/heads/loading.py",
+        '        variant = heads.partition(":")[2] or None\n',
+        "        variant = None\n",
+        (
+            "tests/assets/test_shipped_variants.py::"
+            "test_a_variant_is_named_default_colon_variant_and_the_default_stays_the_default",
+        ),
+    ),
+    Mutation(
+        "llamacpp-checks-use-the-default",
+        "llama.cpp's checks and exports take the default heads even where a llamacpp variant is shipped",
+        "specheads/assets/__init__.py",
+        "    return shipped_heads(base, LLAMACPP_VARIANT if LLAMACPP_VARIANT in heads_variants(base) else None)\n",
+        "    return shipped_heads(base)\n",
+        (
+            "tests/assets/test_shipped_variants.py::"
+            "test_a_variant_is_named_default_colon_variant_and_the_default_stays_the_default",
+        ),
+    ),
 )

@@ -268,6 +268,12 @@ def _verify_files(root: Path, reproduce: str) -> None:
             )
 
 
+def llamacpp_heads(base: str) -> Path:
+    """The shipped heads llama.cpp can serve for ``base``: its ``llamacpp`` variant where one is shipped, else its
+    default heads."""
+    return shipped_heads(base, LLAMACPP_VARIANT if LLAMACPP_VARIANT in heads_variants(base) else None)
+
+
 def prompts_path() -> Path:
     """The shipped benchmark prompts, cut from held-out standard-library files."""
     path = DEFAULT_DIR / "prompts.jsonl"
@@ -276,11 +282,28 @@ def prompts_path() -> Path:
     return path
 
 
-def shipped_heads(base: str) -> Path:
-    """The folder of the EAGLE-3 heads shipped for ``base`` (``"default"`` or a named real base)."""
+ASSETS_DIR = Path(__file__).resolve().parent
+LLAMACPP_VARIANT = "llamacpp"
+
+
+def heads_variants(base: str) -> list[str]:
+    """The variants of the heads shipped for a named base besides its default (``eagle3-<variant>`` folders), such
+    as ``"llamacpp"``: heads llama.cpp's EAGLE-3 graph can run where the default uses EAGLE 3.1's norms."""
+    root = ASSETS_DIR / base
+    return sorted(p.name.removeprefix("eagle3-") for p in root.glob("eagle3-*") if (p / "config.json").is_file())
+
+
+def shipped_heads(base: str, variant: str | None = None) -> Path:
+    """The folder of the EAGLE-3 heads shipped for ``base`` (``"default"`` or a named real base); ``variant`` names
+    one of :func:`heads_variants` (``heads="default:<variant>"``)."""
     if base in NAMED_BASES:
-        root = Path(__file__).resolve().parent / base
-        path = root / "eagle3"
+        root = ASSETS_DIR / base
+        path = root / ("eagle3" if variant is None else f"eagle3-{variant}")
+        if variant is not None and not (path / "config.json").is_file():
+            shipped = ", ".join(f"default:{name}" for name in heads_variants(base)) or "none"
+            raise MissingAssetsError(
+                f"no heads variant {variant!r} is shipped for {base!r}; its variants: {shipped} (and 'default')"
+            )
         if not (path / "config.json").is_file():
             raise MissingAssetsError(
                 f"no heads are shipped for {base!r} in this install ({path}); train them with "
@@ -288,6 +311,8 @@ def shipped_heads(base: str) -> Path:
             )
         _verify_files(root, f"python scripts/ship_named_heads.py {base} <run dir>")
         return path
+    if variant is not None:
+        raise MissingAssetsError(f"the embedded default model ships one set of heads: heads='default', not {variant!r}")
     path = Path(resolve("default", role="eagle3"))
     if not (path / "config.json").is_file():
         raise MissingAssetsError(

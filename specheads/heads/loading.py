@@ -71,11 +71,15 @@ def heads_for_decoding(
 
 def heads_path(heads: str | Path | torch.nn.Module, base: Any = None) -> str | Path | torch.nn.Module:
     """Where ``heads=`` points: ``"default"`` names the EAGLE-3 heads shipped for ``base`` (the embedded default, or a
-    named real base); anything else is returned as it is."""
-    if isinstance(heads, str) and heads == "default":
+    named real base), ``"default:<variant>"`` one of the variants shipped beside them (``"default:llamacpp"``: heads
+    llama.cpp can run); anything else is returned as it is."""
+    if isinstance(heads, str) and (heads == "default" or heads.startswith("default:")):
         from specheads import assets
 
-        return assets.shipped_heads(base if isinstance(base, str) and base in assets.NAMED_BASES else "default")
+        variant = heads.partition(":")[2] or None
+        return assets.shipped_heads(
+            base if isinstance(base, str) and base in assets.NAMED_BASES else "default", variant
+        )
     return heads
 
 

@@ -64,3 +64,13 @@ def test_settings_the_run_took_from_its_command_line_are_repeated_on_its_train_c
     assert script._overrides(trained, str(tmp_path / "gone.yaml")) == []
     commands = script._commands("other", Path("runs/full"), trained, str(config), overrides=overrides)
     assert f"specheads train --config {config} data.limit=null train.lr=0.002" in commands
+
+
+def test_a_variant_records_the_command_that_ships_it_beside_the_default() -> None:
+    script = load_script("ship_named_heads")
+    commands = script._commands("other", Path("runs/x"), _recipe(["data/other/distilled-500.jsonl"]), "c.yaml")
+    assert "--variant" not in commands[-1]
+    commands = script._commands(
+        "other", Path("runs/x"), _recipe(["data/other/distilled-500.jsonl"]), "c.yaml", variant="llamacpp"
+    )
+    assert commands[-1].endswith("--config c.yaml --variant llamacpp")
