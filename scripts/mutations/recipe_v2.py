@@ -17,9 +17,10 @@ MUTATIONS = (
         "specheads/methods/eagle/heads.py",
         "        if self.fc_norm is not None:\n"
         "            features = [norm(f) for norm, f in zip(self.fc_norm, features, strict=True)]\n"
-        "        return self.fc(torch.cat(features, dim=-1))\n",
-        "        fused = self.fc(torch.cat(features, dim=-1))\n"
-        "        return fused if self.fc_norm is None else self.fc_norm[0](fused)\n",
+        "        fused = torch.cat(features, dim=-1)\n",
+        "        fused = torch.cat(features, dim=-1)\n"
+        "        if self.fc_norm is not None:\n"
+        "            return self.fc_norm[0](self.fc(fused))\n",
         (f"{NORMS}::test_fc_norm_normalises_each_fused_layer_before_fc", CONSUMER),
         SPECULATORS,
     ),
@@ -206,5 +207,37 @@ MUTATIONS = (
             "tests/assets/test_shipped_variants.py::"
             "test_a_variant_is_named_default_colon_variant_and_the_default_stays_the_default",
         ),
+    ),
+    Mutation(
+        "norm-before-fc-skipped",
+        "norm_before_fc heads fuse the raw concatenated features: input_norm is never applied",
+        "specheads/methods/eagle/heads.py",
+        "        return self.fc(fused if self.input_norm is None else self.input_norm(fused))\n",
+        "        return self.fc(fused)\n",
+        (f"{NORMS}::test_norm_before_fc_normalises_the_concatenated_features_once_before_fc",),
+    ),
+    Mutation(
+        "export-input-norm-unpermuted",
+        "the engine layouts sort the fused layers and fc's blocks but leave input_norm's blocks in training order",
+        "specheads/methods/eagle/export.py",
+        '        state["input_norm.weight"] = torch.cat([scales[i] for i in order])\n',
+        '        state["input_norm.weight"] = torch.cat(list(scales))\n',
+        (f"{NORMS}::test_the_engine_layouts_carry_the_norms_and_read_back_the_same_drafts",),
+    ),
+    Mutation(
+        "speculators-norm-before-fc-dropped",
+        "the speculators export writes norm_before_fc false whatever the heads: speculators skips the input norm",
+        "specheads/methods/eagle/export.py",
+        '        "norm_before_fc": head.config.norm_before_fc,\n',
+        '        "norm_before_fc": False,\n',
+        (f"{NORMS}::test_the_engine_layouts_carry_the_norms_and_read_back_the_same_drafts",),
+    ),
+    Mutation(
+        "gguf-check-ignores-input-norm",
+        "the GGUF checker passes a draft whose norm_before_fc key and input norm tensor disagree",
+        "specheads/methods/eagle/gguf.py",
+        '    if bool(fields.get(f"{ARCH}.norm_before_fc", False)) != (input_norm in shape):\n',
+        "    if False:\n",
+        ("tests/methods/eagle/test_llamacpp.py::test_the_checker_wants_norm_before_fc_and_its_norm_together",),
     ),
 )

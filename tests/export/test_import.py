@@ -434,9 +434,20 @@ def test_unsupported_draft_variants_are_named(base, trained, tmp_path) -> None:
     _write(tmp_path / "two", {**config, "num_hidden_layers": 2}, tensors)
     with pytest.raises(HeadCheckpointError, match="more than one layer"):
         load_heads(tmp_path / "two", base)
-    _write(tmp_path / "norm", {**config, "norm_before_fc": True}, tensors)
-    with pytest.raises(HeadCheckpointError, match="norm_before_fc=true drafts are not supported"):
+    _write(tmp_path / "aux", {**config, "use_aux_norm": True}, tensors)
+    with pytest.raises(HeadCheckpointError, match="use_aux_norm=true drafts are not supported"):
+        load_heads(tmp_path / "aux", base)
+    _write(tmp_path / "norm", {**config, "norm_before_fc": True}, tensors)  # the flag without its norm
+    with pytest.raises(HeadCheckpointError, match="input_norm"):
         load_heads(tmp_path / "norm", base)
+    nvidia = {
+        **config,
+        "eagle_config": {**config.get("eagle_config", {}), "norm_before_fc": True},
+    }  # where NVIDIA's are
+    width = 3 * head.config.hidden_size
+    _write(tmp_path / "nvidia", nvidia, {**tensors, "input_norm.weight": torch.linspace(0.5, 1.5, width)})
+    loaded = load_heads(tmp_path / "nvidia", base)
+    assert loaded.config.norm_before_fc and torch.equal(loaded.input_norm.weight, torch.linspace(0.5, 1.5, width))
     export_heads(head, tmp_path / "spec", "speculators", base_model=base)
     spec = json.loads((tmp_path / "spec" / "config.json").read_text())
     spec["transformer_layer_config"]["model_type"] = "qwen3"

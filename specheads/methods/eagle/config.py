@@ -19,7 +19,8 @@ class EagleHeadsConfig:
 
     ``draft_vocab_size`` (EAGLE-3) is a number of ids or ``{coverage: F}``: the smallest draft vocabulary whose ids,
     the most frequent target tokens of the training data, cover at least the share F of them (the size chosen and
-    the share covered are printed when training starts). ``fc_norm`` and ``norm_output`` are EAGLE 3.1's norms (see
+    the share covered are printed when training starts). ``fc_norm`` and ``norm_output`` are EAGLE 3.1's norms, and
+    ``norm_before_fc`` the one fused-feature norm llama.cpp's EAGLE-3 graph also runs (see
     :mod:`specheads.methods.eagle.heads`).
     """
 
@@ -32,6 +33,7 @@ class EagleHeadsConfig:
     norm_before_residual: bool = False
     fc_norm: bool = False  # EAGLE 3.1: an RMSNorm on each fused feature layer before fc
     norm_output: bool = False  # EAGLE 3.1: the next draft step reads the normed output (what the lm_head reads)
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated features before fc: the norm llama.cpp runs
     # The draft layer's MLP width (None: the base's intermediate size); narrower makes a draft level cheaper
     intermediate_size: int | None = None
     targets: str = "self"  # self | corpus
@@ -51,8 +53,15 @@ class EagleHeadsConfig:
         if self.version == 1 and (self.layer_ids is not None or self.draft_vocab_size is not None):
             raise ConfigError("heads.layer_ids and heads.draft_vocab_size are EAGLE-3 settings (heads.version=3)")
         self._validate_draft_vocab()
-        if self.version == 1 and (self.fc_norm or self.norm_output):
-            raise ConfigError("heads.fc_norm and heads.norm_output are EAGLE-3 settings (heads.version=3)")
+        if self.version == 1 and (self.fc_norm or self.norm_output or self.norm_before_fc):
+            raise ConfigError(
+                "heads.fc_norm, heads.norm_output and heads.norm_before_fc are EAGLE-3 settings (heads.version=3)"
+            )
+        if self.fc_norm and self.norm_before_fc:
+            raise ConfigError(
+                "heads.fc_norm (a norm per fused layer) and heads.norm_before_fc (one norm over all of them) exclude "
+                "each other; llama.cpp runs norm_before_fc only"
+            )
         if self.layer_ids is not None and len(self.layer_ids) != 3:
             raise ConfigError(f"heads.layer_ids names 3 base layers (low, middle, high), got {self.layer_ids}")
         if self.ttt_steps < 1:

@@ -85,7 +85,7 @@ def _sglang_tree(heads: EagleHead, steps: int) -> str:
 
 def _engine_layer_order(head: EagleHead, format: str) -> tuple[list[int], dict[str, torch.Tensor]]:
     """The feature layers in the order engines concatenate them (ascending, each once), with fc's columns (and the
-    per-layer ``fc_norm.{k}``) to match.
+    per-layer ``fc_norm.{k}``, or ``input_norm``'s blocks) to match.
 
     vLLM and SGLang capture each listed layer once and concatenate in layer order whatever order the config gives.
     """
@@ -103,16 +103,26 @@ def _engine_layer_order(head: EagleHead, format: str) -> tuple[list[int], dict[s
     if head.config.fc_norm:
         norms = [state[f"fc_norm.{i}.weight"] for i in range(len(ids))]
         state.update({f"fc_norm.{k}.weight": norms[i] for k, i in enumerate(order)})
+    if head.config.norm_before_fc:  # the rms over all blocks is the same in any order; its weight follows fc's columns
+        scales = state["input_norm.weight"].split(hidden)
+        state["input_norm.weight"] = torch.cat([scales[i] for i in order])
     return [ids[i] for i in order], state
 
 
 def _eagle31_fields(head: EagleHead) -> dict[str, bool]:
-    """EAGLE 3.1's config flags, written only when on (vLLM and SGLang read ``fc_norm`` and ``norm_output``)."""
+    """EAGLE 3.1's config flags, written only when on (vLLM and SGLang read ``fc_norm`` and ``norm_output``);
+    llama.cpp runs neither."""
     return {flag: True for flag in ("fc_norm", "norm_output") if getattr(head.config, flag)}
 
 
+def _norm_fields(head: EagleHead) -> dict[str, bool]:
+    """The fused-feature and output norm flags an export writes, each only when on: EAGLE 3.1's and
+    ``norm_before_fc`` (which vLLM, SGLang, speculators and llama.cpp all read)."""
+    return _eagle31_fields(head) | ({"norm_before_fc": True} if head.config.norm_before_fc else {})
+
+
 def _llamacpp_ready(head: EagleHead, ids: list[int]) -> bool:
-    """llama.cpp's EAGLE-3 graph: exactly three feature layers and none of EAGLE 3.1's norms."""
+    """llama.cpp's EAGLE-3 graph: exactly three feature layers and none of EAGLE 3.1's norms (norm_before_fc runs)."""
     return len(ids) == 3 and not _eagle31_fields(head)
 
 
@@ -146,10 +156,12 @@ def _eagle3(
         target_hidden_size=head.config.hidden_size,
         eagle_aux_hidden_state_layer_ids=ids,
         norm_before_residual=head.config.norm_before_residual,
-        **_eagle31_fields(head),
+        **_norm_fields(head),
         bias=False,
         eagle_config={"use_aux_hidden_state": True},
     )
+    if head.config.norm_before_fc:  # vLLM reads it from eagle_config too (NVIDIA's checkpoints put it there)
+        config["eagle_config"]["norm_before_fc"] = True
     if "sglang" in serve:
         config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = sglang_layer_ids(ids)
     commands = {"vllm": vllm_command(name, "eagle3", steps)}
@@ -190,7 +202,7 @@ def _speculators(
         "norm_before_residual": head.config.norm_before_residual,
         "target_hidden_size": head.config.hidden_size,
         "eagle_aux_hidden_state_layer_ids": ids,
-        "norm_before_fc": False,
+        "norm_before_fc": head.config.norm_before_fc,
         "fc_norm": head.config.fc_norm,
         "norm_output": head.config.norm_output,
         "embed_requires_grad": False,
@@ -317,8 +329,6 @@ def _import_eagle(
             raise HeadCheckpointError(
                 f"{where}: a {layer.get('model_type')} draft layer (q/k norms); specheads' EAGLE-3 layer is Llama-style"
             )
-        if config.get("norm_before_fc"):
-            raise HeadCheckpointError(f"{where}: norm_before_fc=true drafts are not supported by specheads")
         ids = config.get("eagle_aux_hidden_state_layer_ids")
         draft_vocab = config.get("draft_vocab_size") or layer["vocab_size"]
         norm_before_residual = bool(config.get("norm_before_residual", False))
@@ -330,9 +340,8 @@ def _import_eagle(
             ids = vllm_layer_ids(list(eagle_config["eagle_aux_hidden_state_layer_ids"]))  # SGLang's convention
         draft_vocab = config.get("draft_vocab_size") or layer["vocab_size"]
         norm_before_residual = bool(config.get("norm_before_residual", False))
-        for flag in ("norm_before_fc", "use_aux_norm"):
-            if config.get(flag) or eagle_config.get(flag):
-                raise HeadCheckpointError(f"{where}: {flag}=true drafts are not supported by specheads")
+        if config.get("use_aux_norm") or eagle_config.get("use_aux_norm"):
+            raise HeadCheckpointError(f"{where}: use_aux_norm=true drafts are not supported by specheads")
     if int(layer.get("num_hidden_layers", 1)) != 1 or any(n.startswith("layers.1.") for n in tensors):
         raise HeadCheckpointError(f"{where}: drafts with more than one layer are not supported by specheads")
     llama = LlamaConfig.from_dict({k: v for k, v in layer.items() if k not in ("architectures", "auto_map")})
@@ -384,6 +393,9 @@ def _import_eagle(
             norm_before_residual=norm_before_residual,
             fc_norm=bool(config.get("fc_norm", False)),
             norm_output=bool(config.get("norm_output", False)),
+            norm_before_fc=bool(
+                config.get("norm_before_fc") or (config.get("eagle_config") or {}).get("norm_before_fc")
+            ),
             base_model={"num_hidden_layers": num_layers},
         )
     except ValueError as error:
@@ -425,7 +437,8 @@ def _eagle3_tensor_rules(
     prefix = prefixes.pop() if len(prefixes) == 1 else "layers.0."
     if any(n.startswith("layers.") and not n.startswith("layers.0.") for n in tensors):
         report.problems.append("more than one draft layer: specheads exports one, and engines disagree on the rest")
-    expected = eagle3_shapes(geometry, prefix, fc_norm=bool(config.get("fc_norm")))
+    norm_before_fc = bool(config.get("norm_before_fc") or eagle_config.get("norm_before_fc"))
+    expected = eagle3_shapes(geometry, prefix, fc_norm=bool(config.get("fc_norm")), norm_before_fc=norm_before_fc)
     optional: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (geometry.vocab_size, geometry.hidden_size)}
     if "t2d" in expected:  # vLLM's and SGLang's EAGLE-3 loaders skip t2d (ModelOpt never writes it); speculators
         optional["t2d"] = expected.pop("t2d")  # needs it, which its own verdict checks

@@ -39,6 +39,7 @@ DEFAULT_DRAFT_N = 3
 # specheads' eagle3 export names -> llama.cpp's (the converter's Llama mapping with its EAGLE-3 exceptions)
 TENSOR_NAMES = {
     "fc.weight": "fc.weight",
+    "input_norm.weight": "enc.output_norm.weight",  # norm_before_fc: one norm over the concatenated features
     "norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
     "embed_tokens.weight": "token_embd.weight",
@@ -53,7 +54,8 @@ TENSOR_NAMES = {
     "midlayer.mlp.up_proj.weight": "blk.0.ffn_up.weight",
     "midlayer.mlp.down_proj.weight": "blk.0.ffn_down.weight",
 }
-REQUIRED_TENSORS = tuple(name for key, name in TENSOR_NAMES.items() if key != "embed_tokens.weight") + ("d2t",)
+OPTIONAL_TENSORS = ("embed_tokens.weight", "input_norm.weight")
+REQUIRED_TENSORS = tuple(name for key, name in TENSOR_NAMES.items() if key not in OPTIONAL_TENSORS) + ("d2t",)
 
 
 class GGUFDraftError(ValueError):
@@ -347,8 +349,9 @@ def draft_keys(config: dict[str, Any], dtype: str) -> list[tuple[str, Any, Any, 
 EAGLE31_REFUSAL = (
     "llama.cpp's EAGLE-3 graph cannot run EAGLE 3.1's fc_norm / norm_output drafts: it has only norm_before_fc (one "
     "norm over the concatenated features, not one per layer) and feeds the un-normed output to the next step; export "
-    "--format eagle3 or speculators (vLLM, SGLang), or train without heads.fc_norm and heads.norm_output for llama.cpp "
-    "(a named base may ship such heads beside its default: heads='default:llamacpp')"
+    "--format eagle3 or speculators (vLLM, SGLang), or train with heads.norm_before_fc instead of heads.fc_norm and "
+    "without heads.norm_output for llama.cpp (a named base may ship such heads beside its default: "
+    "heads='default:llamacpp')"
 )
 
 
@@ -364,6 +367,8 @@ def validate_for_llamacpp(config: dict[str, Any], tensors: dict[str, torch.Tenso
     problems = layer_id_problems(ids, target.num_layers)
     if eagle31_flags(config):
         problems.append(EAGLE31_REFUSAL)
+    if bool(config.get("norm_before_fc")) != ("input_norm.weight" in tensors):
+        problems.append("norm_before_fc and the input_norm tensor must come together (llama.cpp loads both or neither)")
     vocab = int(layer["vocab_size"])
     if vocab != target.vocab_size:
         problems.append(
@@ -506,6 +511,14 @@ def check_gguf_draft(path: str | Path, target: TargetVocab | None = None) -> Che
     shape = {name: [int(n) for n in t.shape] for name, t in tensors.items()}  # ggml order: columns first
     if shape["fc.weight"] != [NUM_TARGET_LAYERS * target_hidden, hidden]:
         verdict.problems.append(f"fc.weight has shape {shape['fc.weight']}, expected [3 x {target_hidden}, {hidden}]")
+    input_norm = TENSOR_NAMES["input_norm.weight"]
+    if bool(fields.get(f"{ARCH}.norm_before_fc", False)) != (input_norm in shape):
+        verdict.problems.append(
+            f"{ARCH}.norm_before_fc is {bool(fields.get(f'{ARCH}.norm_before_fc', False))} but {input_norm} is "
+            f"{'present' if input_norm in shape else 'absent'}: llama.cpp needs both or neither"
+        )
+    elif input_norm in shape and shape[input_norm] != [NUM_TARGET_LAYERS * target_hidden]:
+        verdict.problems.append(f"{input_norm} has shape {shape[input_norm]}, expected [3 x {target_hidden}]")
     d2t_tensor = tensors["d2t"]
     if d2t_tensor.tensor_type != gguf.GGMLQuantizationType.I64:
         verdict.problems.append(f"d2t is {d2t_tensor.tensor_type.name}, llama.cpp reads I64 target ids")

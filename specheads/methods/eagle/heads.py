@@ -23,6 +23,9 @@ L = num_hidden_layers = the last layer's output *after* the base's final norm, w
   EAGLE 3.1 (speculators' ``fc_norm`` and ``norm_output``, read by vLLM and SGLang as well) adds two norms, each off by
   default: ``fc_norm`` an RMSNorm on each fused feature before ``fc`` (one per layer, ``fc_norm.{k}``), and
   ``norm_output`` feeds the *normed* output (``norm(hidden)``, what the lm_head reads) to the next draft step.
+  ``norm_before_fc`` (speculators' and llama.cpp's ``input_norm``, NVIDIA's EAGLE-3 v3 drafts) is the one fused-feature
+  norm llama.cpp's graph runs: a single RMSNorm over the concatenated ``3h`` features before ``fc`` (``input_norm``);
+  it excludes ``fc_norm``.
 
 The base's embedding (and for version 1 its lm_head) is used frozen and never stored in the head checkpoint.
 """
@@ -84,6 +87,7 @@ class EagleConfig:
     norm_before_residual: bool = False
     fc_norm: bool = False  # EAGLE 3.1: an RMSNorm on each fused feature before fc (version 3)
     norm_output: bool = False  # EAGLE 3.1: the next draft step reads norm(output), not the output (version 3)
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated 3h features before fc (version 3; llama.cpp's)
     base_model: dict[str, Any] = field(default_factory=dict)
     head_type: str = "eagle"
 
@@ -100,8 +104,12 @@ class EagleConfig:
             check_layer_ids(self.layer_ids, layers)
         if self.version == 1 and self.draft_vocab_size != self.vocab_size:
             raise ValueError("EAGLE-1 reads tokens through the base's lm_head: no reduced draft vocabulary")
-        if self.version == 1 and (self.fc_norm or self.norm_output):
-            raise ValueError("fc_norm and norm_output are EAGLE-3 (3.1) settings; EAGLE-1 has neither norm")
+        if self.version == 1 and (self.fc_norm or self.norm_output or self.norm_before_fc):
+            raise ValueError("fc_norm, norm_output and norm_before_fc are EAGLE-3 settings; EAGLE-1 has none of them")
+        if self.fc_norm and self.norm_before_fc:
+            raise ValueError(
+                "fc_norm (a norm per fused layer) and norm_before_fc (one over all of them) exclude each other"
+            )
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in [1, {self.vocab_size}], got {self.draft_vocab_size}")
 
@@ -206,6 +214,7 @@ class EagleHead(DraftHeads):
         self.config = config
         self.calibration: Calibration | None = None  # set by load_heads when a tree.json is present
         self.fc_norm: nn.ModuleList | None = None
+        self.input_norm: nn.Module | None = None
         hidden = config.hidden_size
         layer_config = config.llama_config()
         if config.version == 1:
@@ -220,6 +229,8 @@ class EagleHead(DraftHeads):
                 self.fc_norm = nn.ModuleList(
                     LlamaRMSNorm(hidden, eps=config.rms_norm_eps) for _ in range(len(config.layer_ids))
                 )
+            if config.norm_before_fc:  # one norm over the concatenation, in layer_ids order like fc's columns
+                self.input_norm = LlamaRMSNorm(len(config.layer_ids) * hidden, eps=config.rms_norm_eps)
             self.midlayer = Eagle3Layer(layer_config, config.norm_before_residual)
             self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
             self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
@@ -248,6 +259,7 @@ class EagleHead(DraftHeads):
         fc_norm: bool = False,
         norm_output: bool = False,
         intermediate_size: int | None = None,
+        norm_before_fc: bool = False,
     ) -> EagleHead:
         """A randomly initialised head sized for ``base_model``.
 
@@ -263,6 +275,7 @@ class EagleHead(DraftHeads):
             norm_before_residual: version 3 layer variant (see :class:`Eagle3Layer`).
             fc_norm: version 3: an RMSNorm on each fused feature before fc (EAGLE 3.1).
             norm_output: version 3: the next draft step reads the normed output (EAGLE 3.1).
+            norm_before_fc: version 3: one RMSNorm over the concatenated features before fc (llama.cpp runs it).
             intermediate_size: the draft layer's MLP width (default: the base's).
         """
         num_layers = int(getattr(base_model.config, "num_hidden_layers", 0) or base_model.config.n_layer)
@@ -290,6 +303,7 @@ class EagleHead(DraftHeads):
             norm_before_residual=norm_before_residual,
             fc_norm=fc_norm,
             norm_output=norm_output,
+            norm_before_fc=norm_before_fc,
             base_model=base_model_info(base_model),
             **shape,
         )
@@ -346,7 +360,8 @@ class EagleHead(DraftHeads):
         features = [f.to(dtype) for f in features]
         if self.fc_norm is not None:
             features = [norm(f) for norm, f in zip(self.fc_norm, features, strict=True)]
-        return self.fc(torch.cat(features, dim=-1))
+        fused = torch.cat(features, dim=-1)
+        return self.fc(fused if self.input_norm is None else self.input_norm(fused))
 
     def step(
         self,

@@ -5,11 +5,12 @@ code, read for vLLM 0.33, SGLang 0.5.23, speculators 0.9.0 and SpecForge; :mod:`
 writes, reads and checks them.
 
 * ``eagle3``: the SpecForge / official EAGLE-3 layout (``LlamaForCausalLMEagle3``; ``midlayer.*``, ``fc``, ``norm``,
-  ``lm_head``, ``d2t``/``t2d``; ``fc_norm.{k}`` and the ``fc_norm`` / ``norm_output`` flags for EAGLE 3.1 heads) that
-  SGLang and vLLM (``method: eagle3``) load. The fused feature layers are written
-  twice, once per convention: top-level ``eagle_aux_hidden_state_layer_ids`` in vLLM's (a ``hidden_states`` index,
-  0 = embeddings; the one specheads uses), which vLLM reads first, and ``eagle_config.eagle_aux_hidden_state_layer_ids``
-  in SGLang's ("output of layer id", one less), the only one SGLang reads.
+  ``lm_head``, ``d2t``/``t2d``; ``fc_norm.{k}`` and the ``fc_norm`` / ``norm_output`` flags for EAGLE 3.1 heads,
+  ``input_norm`` with ``norm_before_fc``) that SGLang and vLLM (``method: eagle3``) load. The fused feature layers
+  are written twice, once per convention: top-level ``eagle_aux_hidden_state_layer_ids`` in vLLM's (a
+  ``hidden_states`` index, 0 = embeddings; the one specheads uses), which vLLM reads first, and
+  ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's ("output of layer id", one less), the only one
+  SGLang reads.
 * ``speculators``: vLLM's speculators format (``speculators_model_type: eagle3``, ``transformer_layer_config``,
   ``speculators_config``; ``layers.0.*`` plus the base's ``embed_tokens``, which speculators does not fill in itself).
 * ``eagle``: EAGLE-1 as the official repository and SGLang (``LlamaForCausalLMEagle``) and vLLM
@@ -70,13 +71,17 @@ def layer_shapes(geometry: Geometry, prefix: str, version: int) -> dict[str, tup
     return {prefix + name: shape for name, shape in shapes.items()}
 
 
-def eagle3_shapes(geometry: Geometry, prefix: str, fc_norm: bool = False) -> dict[str, tuple[int, ...]]:
+def eagle3_shapes(
+    geometry: Geometry, prefix: str, fc_norm: bool = False, norm_before_fc: bool = False
+) -> dict[str, tuple[int, ...]]:
     """Every tensor an EAGLE-3 draft needs (``d2t``/``t2d`` only with a reduced draft vocabulary; ``fc_norm.{k}``,
-    one norm per fused layer, with EAGLE 3.1's ``fc_norm``)."""
+    one norm per fused layer, with EAGLE 3.1's ``fc_norm``; ``input_norm``, one norm over the concatenated
+    features, with ``norm_before_fc``)."""
     g = geometry
     shapes = {
         "fc.weight": (g.hidden_size, g.num_aux * g.hidden_size),
         **({f"fc_norm.{k}.weight": (g.hidden_size,) for k in range(g.num_aux)} if fc_norm else {}),
+        **({"input_norm.weight": (g.num_aux * g.hidden_size,)} if norm_before_fc else {}),
         **layer_shapes(g, prefix, 3),
         "norm.weight": (g.hidden_size,),
         "lm_head.weight": (g.draft_vocab_size, g.hidden_size),

@@ -60,6 +60,7 @@ def build_heads(base: torch.nn.Module, section: EagleHeadsConfig, dataset: Any) 
         norm_before_residual=section.norm_before_residual,
         fc_norm=section.fc_norm,
         norm_output=section.norm_output,
+        norm_before_fc=section.norm_before_fc,
         intermediate_size=section.intermediate_size,
     ).float()
 

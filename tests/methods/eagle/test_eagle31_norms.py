@@ -1,6 +1,7 @@
-"""EAGLE 3.1's norms (heads.fc_norm, heads.norm_output): the computation by hand, lossless decoding with trained
-heads, and the exports: eagle3 / speculators carry them (read back to the same drafts), llama.cpp's GGUF refuses them.
-speculators itself runs them in tests/methods/eagle/test_speculators_consumer.py."""
+"""EAGLE 3.1's norms (heads.fc_norm, heads.norm_output) and norm_before_fc (one norm over the concatenated features):
+the computation by hand, lossless decoding with trained heads, and the exports: eagle3 / speculators carry them (read
+back to the same drafts); llama.cpp's GGUF refuses EAGLE 3.1's and carries norm_before_fc. speculators itself runs
+them in tests/methods/eagle/test_speculators_consumer.py, llama.cpp's converter in test_llamacpp.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from specheads import SpecDecoder, load_heads
 from specheads.export import export_heads
 from specheads.heads import EagleHead
 from specheads.inference import kv_cache
+from specheads.methods.api import ConfigError
+from specheads.methods.eagle.config import EagleHeadsConfig
 from specheads.methods.eagle.drafter import EagleDrafter
 from specheads.methods.eagle.gguf import GGUFDraftError, TargetVocab, validate_for_llamacpp
 
@@ -60,6 +63,27 @@ def test_fc_norm_normalises_each_fused_layer_before_fc(base) -> None:
     assert [name for name, _ in head.named_parameters() if name.startswith("fc_norm")] == [
         f"fc_norm.{k}.weight" for k in range(3)
     ]
+
+
+def test_norm_before_fc_normalises_the_concatenated_features_once_before_fc(base) -> None:
+    head = _head(base, norm_before_fc=True)
+    features = _features(base, head, IDS)
+    fused = torch.cat(features, dim=-1)  # one rms over all 3h values, not one per layer
+    with torch.no_grad():
+        expected = _rms_norm(fused, head.input_norm.weight, head.config.rms_norm_eps) @ head.fc.weight.T
+        torch.testing.assert_close(head.fuse(features), expected)
+        per_layer = torch.cat([_rms_norm(f, torch.ones(()), head.config.rms_norm_eps) for f in features], dim=-1)
+        assert not torch.allclose(head.fuse(features), (head.input_norm.weight * per_layer) @ head.fc.weight.T)
+    assert head.input_norm.weight.shape == (3 * head.config.hidden_size,) and head.fc_norm is None
+
+
+def test_fc_norm_and_norm_before_fc_exclude_each_other(base) -> None:
+    with pytest.raises(ValueError, match="exclude each other"):
+        _head(base, fc_norm=True, norm_before_fc=True)
+    with pytest.raises(ConfigError, match="llama.cpp runs norm_before_fc only"):
+        EagleHeadsConfig(fc_norm=True, norm_before_fc=True).validate()
+    with pytest.raises(ConfigError, match="EAGLE-3 settings"):
+        EagleHeadsConfig(version=1, norm_before_fc=True).validate()
 
 
 def test_norm_output_feeds_the_normed_state_forward(base) -> None:
@@ -120,25 +144,42 @@ def test_eagle1_has_no_eagle31_norms(base) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- exports
+NORMS = {"eagle31": {"fc_norm": True, "norm_output": True}, "before-fc": {"norm_before_fc": True}}
+
+
+@pytest.mark.parametrize("norms", NORMS)
 @pytest.mark.parametrize("format", ["eagle3", "speculators"])
-def test_the_engine_layouts_carry_the_norms_and_read_back_the_same_drafts(base, tmp_path, format: str) -> None:
-    head = _head(base, layer_ids=(3, 1, 2), fc_norm=True, norm_output=True)  # unsorted: engines sort, fc permutes
+def test_the_engine_layouts_carry_the_norms_and_read_back_the_same_drafts(
+    base, tmp_path, format: str, norms: str
+) -> None:
+    head = _head(base, layer_ids=(3, 1, 2), **NORMS[norms])  # unsorted: engines sort, fc permutes
     out = tmp_path / format
     result = export_heads(head, out, format, base_model=base)
     config = json.loads((out / "config.json").read_text())
-    assert (config["fc_norm"], config["norm_output"]) == (True, True)
+    for flag in ("fc_norm", "norm_output", "norm_before_fc"):
+        assert config.get(flag, False) is NORMS[norms].get(flag, False), flag
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     tensors = load_file(str(out / "model.safetensors"))
+    hidden = head.config.hidden_size
     for k, layer in enumerate([1, 2, 3]):  # fc_norm.k normalises the k-th fused layer in the engines' order
-        assert torch.equal(tensors[f"fc_norm.{k}.weight"], head.fc_norm[[3, 1, 2].index(layer)].weight)
+        source = [3, 1, 2].index(layer)
+        if head.fc_norm is not None:
+            assert torch.equal(tensors[f"fc_norm.{k}.weight"], head.fc_norm[source].weight)
+        else:  # input_norm's k-th block scales the k-th fused layer
+            block = tensors["input_norm.weight"][k * hidden : (k + 1) * hidden]
+            assert torch.equal(block, head.input_norm.weight[source * hidden : (source + 1) * hidden])
     verdicts = {v.engine: v for v in result.report.verdicts}
     assert verdicts["vllm"].loads and not result.report.problems
     if format == "eagle3":
         assert verdicts["sglang"].loads
-    assert not verdicts["llama.cpp"].targeted and "fc_norm" in verdicts["llama.cpp"].note
-    assert "llama.cpp" not in result.commands
+    if norms == "eagle31":
+        assert not verdicts["llama.cpp"].targeted and "fc_norm" in verdicts["llama.cpp"].note
+        assert "llama.cpp" not in result.commands
+    elif format == "eagle3":
+        assert "llama.cpp" in result.commands
     loaded = load_heads(out, base)
-    assert (loaded.config.fc_norm, loaded.config.norm_output) == (True, True)
+    for flag in ("fc_norm", "norm_output", "norm_before_fc"):
+        assert getattr(loaded.config, flag) is NORMS[norms].get(flag, False), flag
     features = _features(base, head, IDS)
     with torch.no_grad():
         ours = head(IDS, features, steps=3)[1]

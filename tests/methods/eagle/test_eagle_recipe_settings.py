@@ -82,15 +82,20 @@ def test_bad_values_name_their_key(override: str, message: str) -> None:
         load_config(None, ["data.paths=[x]", "heads.type=eagle", override])
 
 
-@pytest.mark.parametrize("override", ["heads.fc_norm=true", "heads.norm_output=true"])
+@pytest.mark.parametrize("override", ["heads.fc_norm=true", "heads.norm_output=true", "heads.norm_before_fc=true"])
 def test_the_norms_are_eagle3_settings(override: str) -> None:
-    with pytest.raises(ConfigError, match=r"heads\.fc_norm and heads\.norm_output are EAGLE-3 settings"):
+    with pytest.raises(ConfigError, match=r"heads\.norm_output and heads\.norm_before_fc are EAGLE-3 settings"):
         load_config(None, ["data.paths=[x]", "heads.type=eagle", "heads.version=1", override])
 
 
 def test_defaults_are_todays_recipe() -> None:
     section = load_config(None, ["data.paths=[x]", "heads.type=eagle"]).heads
-    assert (section.fc_norm, section.norm_output, section.draft_vocab_size) == (False, False, None)
+    assert (section.fc_norm, section.norm_output, section.norm_before_fc, section.draft_vocab_size) == (
+        False,
+        False,
+        False,
+        None,
+    )
     assert section.draft_vocab_coverage is None
     coverage = load_config(None, ["data.paths=[x]", "heads.type=eagle", "heads.draft_vocab_size={coverage: 0.97}"])
     assert coverage.heads.draft_vocab_coverage == 0.97

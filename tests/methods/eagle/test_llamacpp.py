@@ -102,6 +102,55 @@ def test_the_draft_reads_back_with_every_key_and_tensor(base, trained, tmp_path)
     assert check_gguf_draft(tmp_path / "draft.gguf", read_target_gguf(target)).ok
 
 
+def _norm_before_fc_head(base, layer_ids=(6, 2, 4)):
+    """Heads with norm_before_fc over unsorted feature layers (engines sort them; the norm's blocks must follow)."""
+    from specheads.heads import EagleHead
+
+    torch.manual_seed(0)
+    head = EagleHead.from_base(
+        base, version=3, layer_ids=list(layer_ids), draft_vocab_size=64,
+        token_counts=torch.rand(base.get_output_embeddings().weight.shape[0]), norm_before_fc=True,
+    )  # fmt: skip
+    with torch.no_grad():  # the norm starts at one: make its blocks differ
+        head.input_norm.weight.add_(0.3 * torch.randn_like(head.input_norm.weight))
+    return head.eval()
+
+
+def test_norm_before_fc_is_written_as_llama_cpps_input_norm_in_its_layer_order(base, tmp_path) -> None:
+    head = _norm_before_fc_head(base)
+    target = _target_gguf(tmp_path / "base.gguf")
+    result = export_heads(head, tmp_path / "draft.gguf", "gguf", base_model=base, target_gguf=target)
+    assert result.report.ok
+    fields, tensors = _fields(tmp_path / "draft.gguf")
+    assert fields["eagle3.norm_before_fc"] is True and list(fields["eagle3.target_layers"]) == [2, 4, 6]
+    written = np.asarray(tensors["enc.output_norm.weight"].data)
+    assert tensors["enc.output_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    blocks = head.input_norm.weight.detach().split(HIDDEN)
+    expected = torch.cat([blocks[[6, 2, 4].index(layer)] for layer in (2, 4, 6)])  # the blocks follow fc's columns
+    assert np.array_equal(written, expected.numpy())
+    assert check_gguf_draft(tmp_path / "draft.gguf", read_target_gguf(target)).ok
+
+
+def test_the_checker_wants_norm_before_fc_and_its_norm_together(base, tmp_path) -> None:
+    head = _norm_before_fc_head(base)
+    target = _target_gguf(tmp_path / "base.gguf")
+    export_heads(head, tmp_path / "draft.gguf", "gguf", base_model=base, target_gguf=target)
+    reader = gguf.GGUFReader(str(tmp_path / "draft.gguf"))
+    writer = gguf.GGUFWriter(str(tmp_path / "broken.gguf"), arch="eagle3")  # the same file without the norm
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value, kind = field.contents(), field.types[0]
+        writer.add_key_value(name, value, kind, sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    for tensor in reader.tensors:
+        if tensor.name != "enc.output_norm.weight":
+            shape = [int(n) for n in reversed(tensor.shape)]
+            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_shape=shape, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    report = check_gguf_draft(tmp_path / "broken.gguf", read_target_gguf(target))
+    assert not report.ok and "norm_before_fc is True but enc.output_norm.weight is absent" in report.render()
+
+
 @pytest.mark.parametrize(("dtype", "qtype"), [("float16", "F16"), ("bfloat16", "BF16")])
 def test_half_dtypes_keep_norms_in_float32(base, trained, tmp_path, dtype, qtype) -> None:
     target = _target_gguf(tmp_path / "base.gguf")
@@ -248,6 +297,35 @@ def test_equal_to_llama_cpps_converter(tmp_path, dtype) -> None:
     # looked up in the converter's hash table, and this tokenizer's hash is not in it)
     export_heads(head, tmp_path / "hf.gguf", "gguf", dtype=dtype, base_name=base_dir)
     assert compare_gguf(tmp_path / "hf.gguf", tmp_path / "c.gguf") == []
+
+
+@pytest.mark.skipif(LLAMA_CPP is None, reason="set SPECHEADS_LLAMA_CPP to llama.cpp's source tree (its converter)")
+def test_norm_before_fc_equal_to_llama_cpps_converter(tmp_path) -> None:
+    """Heads with norm_before_fc on the default base (unsorted layers): the converter maps the eagle3 export's
+    input_norm and flag to the same GGUF as specheads' own writer."""
+    from specheads.loading import load_causal_lm
+
+    base_dir = assets.resolve("default")
+    base = load_causal_lm("default")
+    layers = base.config.num_hidden_layers
+    head = _norm_before_fc_head(base, layer_ids=(layers - 2, 1, layers // 2))
+    export_heads(head, tmp_path / "e3", "eagle3", base_model=base)
+    for args in (
+        [
+            str(tmp_path / "e3"),
+            "--target-model-dir",
+            base_dir,
+            "--outtype",
+            "f32",
+            "--outfile",
+            str(tmp_path / "c.gguf"),
+        ],
+        [base_dir, "--outtype", "f32", "--outfile", str(tmp_path / "base.gguf")],
+    ):
+        subprocess.run(converter_command(LLAMA_CPP, args), check=True, capture_output=True)
+    export_heads(head, tmp_path / "ours.gguf", "gguf", dtype="float32", target_gguf=tmp_path / "base.gguf")
+    assert compare_gguf(tmp_path / "ours.gguf", tmp_path / "c.gguf") == []
+    assert _fields(tmp_path / "c.gguf")[0]["eagle3.norm_before_fc"] is True
 
 
 def test_compare_gguf_reports_a_differing_key_and_a_differing_tensor(base, trained, tmp_path) -> None:

@@ -140,17 +140,23 @@ def test_a_checkpoint_speculators_writes_imports_into_specheads(tmp_path) -> Non
     torch.testing.assert_close(logits, ours, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize(("fc_norm", "norm_output"), [(True, True), (True, False), (False, True)])
-def test_speculators_runs_eagle31_norms_as_specheads_does(tmp_path, fc_norm: bool, norm_output: bool) -> None:
-    """EAGLE 3.1's ``fc_norm`` (one norm per fused layer, permuted with fc's blocks) and ``norm_output`` (the next
-    step reads the normed output) reach speculators, which drafts the same logits at every training-time-test step."""
+@pytest.mark.parametrize(
+    ("fc_norm", "norm_output", "norm_before_fc"),
+    [(True, True, False), (True, False, False), (False, True, False), (False, False, True), (False, True, True)],
+)
+def test_speculators_runs_eagle31_norms_as_specheads_does(
+    tmp_path, fc_norm: bool, norm_output: bool, norm_before_fc: bool
+) -> None:
+    """EAGLE 3.1's ``fc_norm`` (one norm per fused layer, permuted with fc's blocks), ``norm_output`` (the next step
+    reads the normed output) and ``norm_before_fc`` (one norm over the concatenation, its blocks permuted with fc's)
+    reach speculators, which drafts the same logits at every training-time-test step."""
     speculators = _speculators()
     base = tiny_model("llama", seed=5, vocab_size=96, layers=4)
     base.save_pretrained(tmp_path / "base")
     torch.manual_seed(0)
     head = EagleHead.from_base(
         base, version=3, layer_ids=[3, 1, 2], draft_vocab_size=48, token_counts=torch.rand(96), fc_norm=fc_norm,
-        norm_output=norm_output,
+        norm_output=norm_output, norm_before_fc=norm_before_fc,
     )  # fmt: skip
     with torch.no_grad():  # norms start at one: make every tensor matter, each fc_norm its own
         for parameter in head.parameters():
@@ -161,8 +167,12 @@ def test_speculators_runs_eagle31_norms_as_specheads_does(tmp_path, fc_norm: boo
     config = speculators.SpeculatorModelConfig.from_pretrained(str(out))
     config.transformer_layer_config._attn_implementation = "eager"
     model = speculators.SpeculatorModel.from_pretrained(str(out), config=config).eval()
-    assert (model.config.fc_norm, model.config.norm_output) == (fc_norm, norm_output)
-    assert (model.fc_norm is not None) is fc_norm
+    assert (model.config.fc_norm, model.config.norm_output, model.config.norm_before_fc) == (
+        fc_norm,
+        norm_output,
+        norm_before_fc,
+    )
+    assert (model.fc_norm is not None) is fc_norm and (model.input_norm is not None) is norm_before_fc
     ids = torch.randint(2, 96, (1, 12), generator=torch.Generator().manual_seed(1))
     captured: list[torch.Tensor] = []
     hook = model.lm_head.register_forward_hook(lambda module, args, output: captured.append(output))
