@@ -117,7 +117,7 @@ def _eagle31_fields(head: EagleHead) -> dict[str, bool]:
 
 def _norm_fields(head: EagleHead) -> dict[str, bool]:
     """The fused-feature and output norm flags an export writes, each only when on: EAGLE 3.1's and
-    ``norm_before_fc`` (which vLLM, SGLang, speculators and llama.cpp all read)."""
+    ``norm_before_fc`` (which speculators and llama.cpp run, both checked in the tests; recent vLLM reads it too)."""
     return _eagle31_fields(head) | ({"norm_before_fc": True} if head.config.norm_before_fc else {})
 
 
