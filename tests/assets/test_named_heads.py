@@ -25,21 +25,27 @@ pytestmark = [
 ]
 
 
-def test_the_manifest_lists_every_shipped_file_with_its_hash_and_the_heads_fit_20_mb() -> None:
+VARIANTS = assets.heads_variants("smollm2-135m")
+
+
+def test_the_manifest_lists_every_shipped_file_with_its_hash_and_each_set_of_heads_fits_20_mb() -> None:
     manifest = json.loads((ROOT / "manifest.json").read_text())
     shipped = {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*") if p.is_file() and p.name != "manifest.json"}
     assert set(manifest["files"]) == shipped
-    assert sum((ROOT / name).stat().st_size for name in shipped) <= 20 * 10**6
-    heads = manifest["heads"]["eagle3"]
-    assert heads["training"]["tokens_seen"] > 0 and heads["heldout_agreement_with_base_greedy_by_depth"]
+    assert set(manifest["heads"]) == {"eagle3", *(f"eagle3-{variant}" for variant in VARIANTS)}
+    for key, heads in manifest["heads"].items():
+        assert heads["path"] == key and sum(p.stat().st_size for p in (ROOT / key).iterdir()) <= 20 * 10**6
+        assert heads["training"]["tokens_seen"] > 0 and heads["heldout_agreement_with_base_greedy_by_depth"]
     assert assets.shipped_heads("smollm2-135m") == ROOT / "eagle3"
 
 
-@pytest.mark.parametrize("dtype", ["float32", "auto"])
-def test_default_heads_on_the_named_base_decode_a_chat_losslessly(dtype: str) -> None:
+@pytest.mark.parametrize(
+    ("heads", "dtype"), [("default", "float32"), ("default", "auto"), *((f"default:{v}", "float32") for v in VARIANTS)]
+)
+def test_default_heads_on_the_named_base_decode_a_chat_losslessly(heads: str, dtype: str) -> None:
     """float32: equal to transformers' greedy; auto (bf16 on a CPU with native bf16): equal to the engine's own
-    one-token decoding in bf16, the exactness rule of reduced precision."""
-    decoder = SpecDecoder.from_pretrained("smollm2-135m", heads="default", dtype=dtype)
+    one-token decoding in bf16, the exactness rule of reduced precision. Every shipped variant too."""
+    decoder = SpecDecoder.from_pretrained("smollm2-135m", heads=heads, dtype=dtype)
     chat = [{"role": "user", "content": "Give three tips for staying healthy."}]
     ids = torch.tensor([render_conversation(decoder.tokenizer, chat)])
     if decoder.model.dtype == torch.float32:
