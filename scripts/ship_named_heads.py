@@ -36,6 +36,7 @@ from pathlib import Path
 ASSETS = Path(__file__).resolve().parents[1] / "specheads" / "assets"
 FILES = ("config.json", "model.safetensors", "tree.json", "eval.json", "recipe.json")
 MAX_HEADS_BYTES = 20 * 10**6
+CALIBRATION_KEYS = ("choices", "dynamic", "expected_tau", "plain_tokens_per_s", "best_speedup_over_plain")
 MAX_HEADS_BYTES_BY_BASE = {"qwen2.5-coder-1.5b": 64 * 10**6}  # a 1536-wide head with its own draft lm_head
 # Settings that do not change the heads a run produces: where files go, logging, caching, resuming.
 NEUTRAL_SETTINGS = {
@@ -75,6 +76,16 @@ def _overrides(recipe: dict, config: str) -> list[str]:
         for key, value in trained.items()
         if key not in NEUTRAL_SETTINGS and key in written and written[key] != value
     ]
+
+
+def _written_output_dir(recipe: dict, config: str) -> str | None:
+    """Where ``specheads train --config CONFIG`` writes: the recipe file's ``output.dir`` (the run's own recipe when
+    the file is gone)."""
+    if Path(config).is_file():
+        from specheads.training.config import load_config
+
+        return load_config(config).output.dir
+    return recipe.get("output", {}).get("dir")
 
 
 def _commands(
@@ -125,7 +136,7 @@ def _commands(
         elif stem.startswith("after-") and stem.removeprefix("after-").isdigit():
             commands.append(f"tail -n +{int(stem.removeprefix('after-')) + 1} {distilled} > {path}")
     train = " ".join([f"specheads train --config {config}", *overrides])
-    if recipe.get("output", {}).get("dir") not in (None, str(run)):
+    if _written_output_dir(recipe, config) not in (None, str(run)):
         train += f" output.dir={run}"
     return [
         *commands,
@@ -219,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                 "training": _run_facts(args.run) | (json.loads(args.training.read_text()) if args.training else {}),
                 "heldout_agreement_with_base_greedy_by_depth": evaluation.get("agreement_with_base_greedy"),
                 "calibrated": {
-                    key: tree.get(key)
-                    for key in ("choices", "dynamic", "expected_tau", "plain_tokens_per_s", "best_speedup_over_plain")
+                    dtype: {key: record.get(key) for key in CALIBRATION_KEYS}
+                    for dtype, record in (tree.get("by_dtype") or {tree.get("dtype", "unknown"): tree}).items()
                 }
                 | {"machine": tree.get("machine")},
                 "learning_curve": json.loads(args.curve.read_text())["points"] if args.curve else None,

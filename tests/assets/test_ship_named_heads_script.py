@@ -63,7 +63,8 @@ def test_settings_the_run_took_from_its_command_line_are_repeated_on_its_train_c
     assert script._overrides(load_config(config).to_dict(), str(config)) == []
     assert script._overrides(trained, str(tmp_path / "gone.yaml")) == []
     commands = script._commands("other", Path("runs/full"), trained, str(config), overrides=overrides)
-    assert f"specheads train --config {config} data.limit=null train.lr=0.002" in commands
+    # the file writes elsewhere (its default output.dir): the command sends the run where the later commands look
+    assert f"specheads train --config {config} data.limit=null train.lr=0.002 output.dir=runs/full" in commands
 
 
 def test_a_variant_records_the_command_that_ships_it_beside_the_default() -> None:
