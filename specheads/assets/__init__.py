@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-DEFAULT_DIR = Path(__file__).resolve().parent / "default"
+ASSETS_DIR = Path(__file__).resolve().parent
+DEFAULT_DIR = ASSETS_DIR / "default"
+LLAMACPP_VARIANT = "llamacpp"
 ALIASES = {"default": "base", "default-base": "base", "default-draft": "draft"}
 REPRODUCE = (
     "python scripts/pretrain_default.py tokenizer && python scripts/pretrain_default.py train && "
@@ -280,10 +282,6 @@ def prompts_path() -> Path:
     if not path.is_file():
         raise MissingAssetsError(f"the default benchmark prompts are missing ({path})")
     return path
-
-
-ASSETS_DIR = Path(__file__).resolve().parent
-LLAMACPP_VARIANT = "llamacpp"
 
 
 def heads_variants(base: str) -> list[str]:
