@@ -16,10 +16,15 @@ Copies the head checkpoint of ``RUN/heads`` (config.json, the weights as bfloat1
 tree.json, eval.json and recipe.json) into ``specheads/assets/<name>/eagle3/`` and writes
 ``specheads/assets/<name>/manifest.json``: the base (package, file, sha256), the recipe and its data, the tokens the
 heads saw (from the run's checkpoint state), the held-out agreement, the learning curve (``--curve``: the
-``curve.json`` of ``scripts/learning_curve.py``), the calibration, the commands and the sha256 of every shipped
-file, checked whenever the heads are loaded. Settings the run took from the command line (``data.limit=null``)
-are found by comparing the run's recipe with ``--config`` and written into the recorded train command. Refuses heads
-that do not load on the base and heads over the base's size limit (20 MB; 64 MB for Qwen2.5-Coder-1.5B's).
+``curve.json`` of ``scripts/learning_curve.py``; else the run's own ``evals.jsonl``), the calibration, the commands
+and the sha256 of every shipped file, checked whenever the heads are loaded.
+
+Heads trained on source files (``data.format: code``) ship ``data_files.json`` beside them: every file they trained
+on and the held-out files, each with its sha256, taken from the run's corpus manifest, and what the corpus skipped
+and dropped as a leak. Settings the run took from the command line (``data.limit=null``) are found by comparing the
+run's recipe with ``--config`` and written into the recorded train command; heads calibrated for several dtypes
+record a calibrate command for each. Refuses heads that do not load on the base and heads over the base's size limit
+(20 MB; 64 MB for Qwen2.5-Coder-1.5B's).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parents[1] / "specheads" / "assets"
 FILES = ("config.json", "model.safetensors", "tree.json", "eval.json", "recipe.json")
+DATA_FILES = "data_files.json"  # a code recipe's files, shipped beside its heads
 MAX_HEADS_BYTES = 20 * 10**6
 CALIBRATION_KEYS = ("choices", "dynamic", "expected_tau", "plain_tokens_per_s", "best_speedup_over_plain")
 MAX_HEADS_BYTES_BY_BASE = {"qwen2.5-coder-1.5b": 64 * 10**6}  # a 1536-wide head with its own draft lm_head
@@ -97,6 +103,7 @@ def _commands(
     turns: int = 1,
     overrides: Sequence[str] = (),
     variant: str | None = None,
+    dtypes: Sequence[str] = (),
 ) -> list[str]:
     """The commands that reproduce the shipped heads, from the recipe they were trained with: the distilled chats
     (rebuilt from the answers kept in ``data/<name>/responses`` where the repository holds them, else distilled
@@ -106,7 +113,30 @@ def _commands(
     calibration and this script. ``turns`` > 1: the distillation grew from first turns to conversations of that many
     turns (``sharegpt_prompts.py --turns``), whose prompts file the rebuild reads too. ``overrides``: settings the
     last run took from its command line (``_overrides``), repeated on its train command; ``variant``: shipped beside
-    the default heads."""
+    the default heads; ``dtypes``: the dtypes the heads were calibrated for, one calibrate command each. A code
+    recipe (``data.format: code``) reads source files already on the machine: nothing is distilled."""
+    if recipe.get("data", {}).get("format") == "code":
+        commands: list[str] = []
+    else:
+        commands = _distill_commands(name, recipe, turns)
+    train = " ".join([f"specheads train --config {config}", *overrides])
+    if _written_output_dir(recipe, config) not in (None, str(run)):
+        train += f" output.dir={run}"
+    calibrate = f"specheads calibrate --config {config} --heads {run}/heads"
+    return [
+        *commands,
+        *(f"specheads train --config {stage}" for stage in stages),
+        train,
+        *([f"{calibrate} --dtype {dtype}" for dtype in dtypes] if len(dtypes) > 1 else [calibrate]),
+        f"python scripts/ship_named_heads.py {name} {run} --config {config}"
+        + "".join(f" --stage {stage}" for stage in stages)
+        + (f" --turns {turns}" if turns > 1 else "")
+        + (f" --variant {variant}" if variant else ""),
+    ]
+
+
+def _distill_commands(name: str, recipe: dict, turns: int = 1) -> list[str]:
+    """The commands that rebuild a chat recipe's distilled data (see ``_commands``)."""
     distilled = f"data/{name}/distilled.jsonl"
     prompts = f"data/{name}/sharegpt_prompts.jsonl"
     eval_paths = recipe.get("data", {}).get("eval_paths") or []
@@ -135,19 +165,7 @@ def _commands(
             commands.append(f"head -n {stem} {distilled} > {path}")
         elif stem.startswith("after-") and stem.removeprefix("after-").isdigit():
             commands.append(f"tail -n +{int(stem.removeprefix('after-')) + 1} {distilled} > {path}")
-    train = " ".join([f"specheads train --config {config}", *overrides])
-    if _written_output_dir(recipe, config) not in (None, str(run)):
-        train += f" output.dir={run}"
-    return [
-        *commands,
-        *(f"specheads train --config {stage}" for stage in stages),
-        train,
-        f"specheads calibrate --config {config} --heads {run}/heads",
-        f"python scripts/ship_named_heads.py {name} {run} --config {config}"
-        + "".join(f" --stage {stage}" for stage in stages)
-        + (f" --turns {turns}" if turns > 1 else "")
-        + (f" --variant {variant}" if variant else ""),
-    ]
+    return commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     weights = load_file(str(heads_dir / "model.safetensors"))
     bf16 = {key: value.to(torch.bfloat16) if value.is_floating_point() else value for key, value in weights.items()}
     save_file(bf16, str(staging / "model.safetensors"), metadata={"format": "pt"})
+    corpus = _code_files(json.loads((heads_dir / "recipe.json").read_text()) if (heads_dir / "recipe.json").is_file()
+                         else {})  # fmt: skip
+    if corpus is not None:
+        (staging / DATA_FILES).write_text(json.dumps(corpus, indent=1) + "\n")
     for path in staging.iterdir():
         path.chmod(0o644)
     size = sum(path.stat().st_size for path in staging.iterdir())
@@ -227,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 "dtype": "bfloat16",
                 "recipe": recipe,
                 "data": recipe.get("data", {}).get("paths"),
+                **({"data_files": _corpus_facts(corpus, key)} if corpus is not None else {}),
                 "training": _run_facts(args.run) | (json.loads(args.training.read_text()) if args.training else {}),
                 "heldout_agreement_with_base_greedy_by_depth": evaluation.get("agreement_with_base_greedy"),
                 "calibrated": {
@@ -234,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                     for dtype, record in (tree.get("by_dtype") or {tree.get("dtype", "unknown"): tree}).items()
                 }
                 | {"machine": tree.get("machine")},
-                "learning_curve": json.loads(args.curve.read_text())["points"] if args.curve else None,
+                "learning_curve": json.loads(args.curve.read_text())["points"] if args.curve else _evals(args.run),
                 "stages": [_stage_facts(stage) for stage in args.stage],
                 "commands": _commands(
                     args.name,
@@ -245,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.turns,
                     _overrides(recipe, recipe_path),
                     args.variant,
+                    sorted({dtype.split("/")[0] for dtype in tree.get("by_dtype") or {}}),
                 ),
             },
         },
@@ -261,6 +285,48 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _code_files(recipe: dict) -> dict | None:
+    """The files a code recipe (``data.format: code``) trained and was evaluated on, from its corpus manifest: the
+    first ``data.limit`` training files in corpus order and every held-out file, with their sha256, size and the
+    data.paths entry they came from; None for other recipes.
+
+    Raises:
+        SystemExit: the recipe reads source files but its corpus manifest is not on this machine.
+    """
+    data = recipe.get("data", {})
+    if data.get("format") != "code":
+        return None
+    from specheads.training.code_corpus import manifest_path
+    from specheads.training.config import DataConfig
+
+    manifest = manifest_path(DataConfig(**{k: v for k, v in data.items() if k in DataConfig.__dataclass_fields__}))
+    if manifest is None or not manifest.is_file():
+        raise SystemExit(f"the heads were trained on source files, but their corpus manifest ({manifest}) is missing")
+    recorded = json.loads(manifest.read_text())
+    train = [file for file in recorded["files"] if file["split"] == "train"][: data.get("limit")]
+    heldout = [file for file in recorded["files"] if file["split"] == "heldout"]
+    keys = ("entry", "relpath", "bytes", "sha256", "split")
+    return {
+        "settings": recorded["settings"],
+        "python": sys.version.split()[0],
+        "corpus": recorded["summary"],
+        "skipped": recorded["skipped"],
+        "leaks": [{**leak, "path": Path(leak["path"]).name} for leak in recorded["leaks"]],
+        "files": [{key: file[key] for key in keys} for file in train + heldout],
+    }
+
+
+def _corpus_facts(corpus: dict, key: str) -> dict:
+    files = corpus["files"]
+    return {
+        "listing": f"{key}/{DATA_FILES}",
+        "train_files": sum(file["split"] == "train" for file in files),
+        "heldout_files": sum(file["split"] == "heldout" for file in files),
+        "train_bytes": sum(file["bytes"] for file in files if file["split"] == "train"),
+        "python": corpus["python"],
+    }
+
+
 def _stage_facts(config: str) -> dict:
     """An earlier stage of the shipped heads: its recipe file, and its run's steps, tokens and held-out agreement."""
     import yaml
@@ -269,6 +335,14 @@ def _stage_facts(config: str) -> dict:
     evaluation = output / "heads" / "eval.json"
     agreement = json.loads(evaluation.read_text()).get("agreement_with_base_greedy") if evaluation.is_file() else None
     return {"config": config, "training": _run_facts(output), "heldout_agreement_with_base_greedy_by_depth": agreement}
+
+
+def _evals(run: Path) -> list[dict] | None:
+    """The held-out evaluations the run recorded as it trained (``evals.jsonl``): its learning curve; None without."""
+    path = run / "evals.jsonl"
+    if not path.is_file():
+        return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _run_facts(run: Path) -> dict:

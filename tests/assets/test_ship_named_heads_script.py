@@ -75,3 +75,60 @@ def test_a_variant_records_the_command_that_ships_it_beside_the_default() -> Non
         "other", Path("runs/x"), _recipe(["data/other/distilled-500.jsonl"]), "c.yaml", variant="llamacpp"
     )
     assert commands[-1].endswith("--config c.yaml --variant llamacpp")
+
+
+def test_a_code_recipe_distills_nothing_and_records_a_calibration_per_dtype() -> None:
+    script = load_script("ship_named_heads")
+    recipe = {"data": {"paths": ["python-stdlib"], "format": "code"}, "output": {"dir": "runs/q"}}
+    commands = script._commands("qwen2.5-coder-1.5b", Path("runs/q"), recipe, "c.yaml", dtypes=["bfloat16", "float32"])
+    assert commands == [
+        "specheads train --config c.yaml",
+        "specheads calibrate --config c.yaml --heads runs/q/heads --dtype bfloat16",
+        "specheads calibrate --config c.yaml --heads runs/q/heads --dtype float32",
+        "python scripts/ship_named_heads.py qwen2.5-coder-1.5b runs/q --config c.yaml",
+    ]
+
+
+def test_code_heads_ship_the_files_they_trained_on_with_their_hashes(tmp_path: Path) -> None:
+    import json
+
+    script = load_script("ship_named_heads")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+
+    def file(name: str, split: str) -> dict:
+        return {"path": f"/usr/lib/{name}", "entry": "python-stdlib", "relpath": name, "bytes": len(name),
+                "sha256": name * 2, "split": split}  # fmt: skip
+
+    files = [file("a.py", "train"), file("h.py", "heldout"), file("b.py", "train"), file("c.py", "train")]
+    leaks = [{"path": "/usr/lib/leak.py", "set": "humaneval"}]
+    recorded = {"settings": {"paths": ["python-stdlib"]}, "summary": "4 files", "skipped": {"empty": 1},
+                "leaks": leaks, "files": files}  # fmt: skip
+    (cache / "data_files.json").write_text(json.dumps(recorded))
+    recipe = {"data": {"paths": ["python-stdlib"], "format": "code", "limit": 2, "feature_cache": str(cache)}}
+    listing = script._code_files(recipe)
+    # the first data.limit training files in corpus order, then every held-out file; no machine paths
+    assert [(f["relpath"], f["split"], f["sha256"]) for f in listing["files"]] == [
+        ("a.py", "train", "a.pya.py"),
+        ("b.py", "train", "b.pyb.py"),
+        ("h.py", "heldout", "h.pyh.py"),
+    ]
+    assert "path" not in listing["files"][0] and listing["leaks"] == [{"path": "leak.py", "set": "humaneval"}]
+    assert listing["skipped"] == {"empty": 1}
+    facts = script._corpus_facts(listing, "eagle3")
+    assert (facts["train_files"], facts["heldout_files"], facts["train_bytes"]) == (2, 1, 8)
+    assert script._code_files({"data": {"paths": ["d.jsonl"], "format": "sharegpt"}}) is None
+    (cache / "data_files.json").unlink()
+    try:
+        script._code_files(recipe)
+    except SystemExit as error:
+        assert "corpus manifest" in str(error)
+    else:
+        raise AssertionError("a code recipe without its corpus manifest was shipped")
+
+
+def test_without_a_curve_file_the_runs_own_evaluations_are_its_learning_curve(tmp_path: Path) -> None:
+    script = load_script("ship_named_heads")
+    assert script._evals(tmp_path) is None
+    (tmp_path / "evals.jsonl").write_text('{"step": 50, "tokens_seen": 1}\n\n{"step": 100, "tokens_seen": 2}\n')
+    assert [point["step"] for point in script._evals(tmp_path)] == [50, 100]
