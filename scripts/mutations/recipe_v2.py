@@ -240,4 +240,14 @@ MUTATIONS = (
         "    if False:\n",
         ("tests/methods/eagle/test_llamacpp.py::test_the_checker_wants_norm_before_fc_and_its_norm_together",),
     ),
+    Mutation(
+        "shipped-code-files-ignore-the-limit",
+        "heads trained on the first data.limit source files ship a listing of every training file of the corpus",
+        "scripts/ship_named_heads.py",
+        '    train = [file for file in recorded["files"] if file["split"] == "train"][: data.get("limit")]\n',
+        '    train = [file for file in recorded["files"] if file["split"] == "train"]\n',
+        (
+            "tests/assets/test_ship_named_heads_script.py::test_code_heads_ship_the_files_they_trained_on_with_their_hashes",
+        ),
+    ),
 )
