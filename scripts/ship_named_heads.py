@@ -286,33 +286,39 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _code_files(recipe: dict) -> dict | None:
-    """The files a code recipe (``data.format: code``) trained and was evaluated on, from its corpus manifest: the
-    first ``data.limit`` training files in corpus order and every held-out file, with their sha256, size and the
-    data.paths entry they came from; None for other recipes.
+    """The files a code recipe (``data.format: code``) trained and was evaluated on, read through its corpus manifest
+    (which checks that the settings match and that every file's sha256 is unchanged): the first ``data.limit``
+    training files in corpus order and every held-out file, with their sha256, size and the data.paths entry they
+    came from; None for other recipes.
 
     Raises:
-        SystemExit: the recipe reads source files but its corpus manifest is not on this machine.
+        SystemExit: the recipe reads source files but its corpus manifest is not on this machine, was written with
+            other settings, or one of its files changed since.
     """
     data = recipe.get("data", {})
     if data.get("format") != "code":
         return None
-    from specheads.training.code_corpus import manifest_path
+    from specheads.training.code_corpus import corpus_settings, manifest_path, read_manifest
     from specheads.training.config import DataConfig
+    from specheads.training.errors import DataError
 
-    manifest = manifest_path(DataConfig(**{k: v for k, v in data.items() if k in DataConfig.__dataclass_fields__}))
+    config = DataConfig(**{k: v for k, v in data.items() if k in DataConfig.__dataclass_fields__})
+    manifest = manifest_path(config)
     if manifest is None or not manifest.is_file():
         raise SystemExit(f"the heads were trained on source files, but their corpus manifest ({manifest}) is missing")
-    recorded = json.loads(manifest.read_text())
-    train = [file for file in recorded["files"] if file["split"] == "train"][: data.get("limit")]
-    heldout = [file for file in recorded["files"] if file["split"] == "heldout"]
+    try:
+        corpus = read_manifest(manifest, corpus_settings(config))
+        files = corpus.split_files("train")[: config.limit] + corpus.split_files("heldout")
+    except DataError as error:
+        raise SystemExit(f"cannot list the files the heads were trained on: {error}") from error
     keys = ("entry", "relpath", "bytes", "sha256", "split")
     return {
-        "settings": recorded["settings"],
+        "settings": corpus.settings,
         "python": sys.version.split()[0],
-        "corpus": recorded["summary"],
-        "skipped": recorded["skipped"],
-        "leaks": [{**leak, "path": Path(leak["path"]).name} for leak in recorded["leaks"]],
-        "files": [{key: file[key] for key in keys} for file in train + heldout],
+        "corpus": corpus.summary(),
+        "skipped": dict(sorted(corpus.skipped.items())),
+        "leaks": [{**leak, "path": Path(leak["path"]).name} for leak in corpus.leaks],
+        "files": [{key: getattr(file, key) for key in keys} for file in files],
     }
 
 

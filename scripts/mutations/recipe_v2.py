@@ -244,8 +244,8 @@ MUTATIONS = (
         "shipped-code-files-ignore-the-limit",
         "heads trained on the first data.limit source files ship a listing of every training file of the corpus",
         "scripts/ship_named_heads.py",
-        '    train = [file for file in recorded["files"] if file["split"] == "train"][: data.get("limit")]\n',
-        '    train = [file for file in recorded["files"] if file["split"] == "train"]\n',
+        '        files = corpus.split_files("train")[: config.limit] + corpus.split_files("heldout")\n',
+        '        files = corpus.split_files("train") + corpus.split_files("heldout")\n',
         (
             "tests/assets/test_ship_named_heads_script.py::test_code_heads_ship_the_files_they_trained_on_with_their_hashes",
         ),

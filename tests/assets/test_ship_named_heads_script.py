@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from helpers import load_script
 
 
@@ -90,41 +91,43 @@ def test_a_code_recipe_distills_nothing_and_records_a_calibration_per_dtype() ->
 
 
 def test_code_heads_ship_the_files_they_trained_on_with_their_hashes(tmp_path: Path) -> None:
-    import json
+    import hashlib
+
+    from specheads.training.code_corpus import code_corpus
+    from specheads.training.config import DataConfig
 
     script = load_script("ship_named_heads")
-    cache = tmp_path / "cache"
-    cache.mkdir()
-
-    def file(name: str, split: str) -> dict:
-        return {"path": f"/usr/lib/{name}", "entry": "python-stdlib", "relpath": name, "bytes": len(name),
-                "sha256": name * 2, "split": split}  # fmt: skip
-
-    files = [file("a.py", "train"), file("h.py", "heldout"), file("b.py", "train"), file("c.py", "train")]
-    leaks = [{"path": "/usr/lib/leak.py", "set": "humaneval"}]
-    recorded = {"settings": {"paths": ["python-stdlib"]}, "summary": "4 files", "skipped": {"empty": 1},
-                "leaks": leaks, "files": files}  # fmt: skip
-    (cache / "data_files.json").write_text(json.dumps(recorded))
-    recipe = {"data": {"paths": ["python-stdlib"], "format": "code", "limit": 2, "feature_cache": str(cache)}}
+    folder = tmp_path / "src"
+    for index in range(40):
+        path = folder / "pkg" / f"mod{index:02d}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"VALUE{index:02d} = {100 + index}\n\ndef f{index:02d}(x):\n    return x * {index + 3}\n")
+    (folder / "pkg" / "empty.py").write_text("")
+    data = {"paths": [str(folder)], "format": "code", "limit": 3, "heldout_fraction": 0.2,
+            "feature_cache": str(tmp_path / "cache")}  # fmt: skip
+    corpus = code_corpus(DataConfig(**data))  # writes data_files.json into the feature cache folder
+    recipe = {"data": data}
     listing = script._code_files(recipe)
+    train = [file for file in corpus.files if file.split == "train"][:3]
+    heldout = [file for file in corpus.files if file.split == "heldout"]
+    assert heldout and len(train) == 3
     # the first data.limit training files in corpus order, then every held-out file; no machine paths
-    assert [(f["relpath"], f["split"], f["sha256"]) for f in listing["files"]] == [
-        ("a.py", "train", "a.pya.py"),
-        ("b.py", "train", "b.pyb.py"),
-        ("h.py", "heldout", "h.pyh.py"),
-    ]
-    assert "path" not in listing["files"][0] and listing["leaks"] == [{"path": "leak.py", "set": "humaneval"}]
-    assert listing["skipped"] == {"empty": 1}
+    assert [(f["relpath"], f["split"]) for f in listing["files"]] == [(f.relpath, f.split) for f in train + heldout]
+    first = listing["files"][0]
+    assert "path" not in first and first["entry"] == str(folder)
+    assert first["sha256"] == hashlib.sha256((folder / first["relpath"]).read_bytes()).hexdigest()
+    assert sum(listing["skipped"].values()) == 1  # the empty file
     facts = script._corpus_facts(listing, "eagle3")
-    assert (facts["train_files"], facts["heldout_files"], facts["train_bytes"]) == (2, 1, 8)
+    assert (facts["train_files"], facts["heldout_files"]) == (3, len(heldout))
+    assert facts["train_bytes"] == sum(file.bytes for file in train)
     assert script._code_files({"data": {"paths": ["d.jsonl"], "format": "sharegpt"}}) is None
-    (cache / "data_files.json").unlink()
-    try:
+    # a file changed since the run: the listing would not be what the heads saw
+    (folder / heldout[0].relpath).write_text("changed = True\n")
+    with pytest.raises(SystemExit, match="changed since"):
         script._code_files(recipe)
-    except SystemExit as error:
-        assert "corpus manifest" in str(error)
-    else:
-        raise AssertionError("a code recipe without its corpus manifest was shipped")
+    (tmp_path / "cache" / "data_files.json").unlink()
+    with pytest.raises(SystemExit, match="corpus manifest"):
+        script._code_files(recipe)
 
 
 def test_without_a_curve_file_the_runs_own_evaluations_are_its_learning_curve(tmp_path: Path) -> None:
