@@ -20,11 +20,12 @@ heads saw (from the run's checkpoint state), the held-out agreement, the learnin
 and the sha256 of every shipped file, checked whenever the heads are loaded.
 
 Heads trained on source files (``data.format: code``) ship ``data_files.json`` beside them: every file they trained
-on and the held-out files, each with its sha256, taken from the run's corpus manifest, and what the corpus skipped
-and dropped as a leak. Settings the run took from the command line (``data.limit=null``) are found by comparing the
-run's recipe with ``--config`` and written into the recorded train command; heads calibrated for several dtypes
-record a calibrate command for each. Refuses heads that do not load on the base and heads over the base's size limit
-(20 MB; 64 MB for Qwen2.5-Coder-1.5B's).
+on and the held-out files, each with its sha256, read through the run's corpus manifest (which rechecks every hash),
+and what the corpus skipped and dropped as a leak. Settings the run took from the command line (``data.limit=null``)
+are found by comparing the run's recipe with ``--config`` and written into the recorded train command; heads
+calibrated for several dtypes record a calibrate command for each, with the options calibration ran with
+(``--calibrate-options``). Refuses heads that do not load on the base and heads over the base's size limit (20 MB;
+64 MB for Qwen2.5-Coder-1.5B's).
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def _commands(
     overrides: Sequence[str] = (),
     variant: str | None = None,
     dtypes: Sequence[str] = (),
+    calibrate_options: str = "",
 ) -> list[str]:
     """The commands that reproduce the shipped heads, from the recipe they were trained with: the distilled chats
     (rebuilt from the answers kept in ``data/<name>/responses`` where the repository holds them, else distilled
@@ -113,7 +115,8 @@ def _commands(
     calibration and this script. ``turns`` > 1: the distillation grew from first turns to conversations of that many
     turns (``sharegpt_prompts.py --turns``), whose prompts file the rebuild reads too. ``overrides``: settings the
     last run took from its command line (``_overrides``), repeated on its train command; ``variant``: shipped beside
-    the default heads; ``dtypes``: the dtypes the heads were calibrated for, one calibrate command each. A code
+    the default heads; ``dtypes``: the dtypes the heads were calibrated for, one calibrate command each, with
+    ``calibrate_options`` (the options calibration ran with, e.g. fewer held-out batches on a large base). A code
     recipe (``data.format: code``) reads source files already on the machine: nothing is distilled."""
     if recipe.get("data", {}).get("format") == "code":
         commands: list[str] = []
@@ -123,11 +126,12 @@ def _commands(
     if _written_output_dir(recipe, config) not in (None, str(run)):
         train += f" output.dir={run}"
     calibrate = f"specheads calibrate --config {config} --heads {run}/heads"
+    options = f" {calibrate_options.strip()}" if calibrate_options.strip() else ""
     return [
         *commands,
         *(f"specheads train --config {stage}" for stage in stages),
         train,
-        *([f"{calibrate} --dtype {dtype}" for dtype in dtypes] if len(dtypes) > 1 else [calibrate]),
+        *([f"{calibrate} --dtype {dtype}{options}" for dtype in dtypes] if len(dtypes) > 1 else [calibrate + options]),
         f"python scripts/ship_named_heads.py {name} {run} --config {config}"
         + "".join(f" --stage {stage}" for stage in stages)
         + (f" --turns {turns}" if turns > 1 else "")
@@ -185,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         "--turns", type=int, default=1, help="the distillation grew to conversations of this many turns"
     )
     parser.add_argument("--variant", help="ship beside the default heads as heads='default:VARIANT' (e.g. llamacpp)")
+    parser.add_argument(
+        "--calibrate-options",
+        default="",
+        help="the options specheads calibrate ran with, recorded on its commands (e.g. '--batches 3 --max-nodes 16')",
+    )
     args = parser.parse_args(argv)
     recipe_path = args.config or f"configs/{args.name}/eagle3.yaml"
 
@@ -269,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                     _overrides(recipe, recipe_path),
                     args.variant,
                     sorted({dtype.split("/")[0] for dtype in tree.get("by_dtype") or {}}),
+                    args.calibrate_options,
                 ),
             },
         },

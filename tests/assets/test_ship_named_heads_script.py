@@ -88,6 +88,9 @@ def test_a_code_recipe_distills_nothing_and_records_a_calibration_per_dtype() ->
         "specheads calibrate --config c.yaml --heads runs/q/heads --dtype float32",
         "python scripts/ship_named_heads.py qwen2.5-coder-1.5b runs/q --config c.yaml",
     ]
+    options = "--batches 3 --max-nodes 16"  # what calibration ran with is part of its command
+    commands = script._commands("x", Path("runs/q"), recipe, "c.yaml", dtypes=["bfloat16"], calibrate_options=options)
+    assert commands[1] == f"specheads calibrate --config c.yaml --heads runs/q/heads {options}"
 
 
 def test_code_heads_ship_the_files_they_trained_on_with_their_hashes(tmp_path: Path) -> None:
