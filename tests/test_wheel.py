@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +36,10 @@ def test_a_wheel_install_generates_with_a_named_tree(tmp_path) -> None:
     [wheel] = tmp_path.glob("specheads-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"specheads/trees/binary-7.json", "specheads/assets/default/eagle3/config.json"} <= names
+    for manifest in sorted((ROOT / "specheads" / "assets").glob("*/manifest.json")):  # every shipped set of files
+        folder = f"specheads/assets/{manifest.parent.name}"
+        listed = {f"{folder}/{name}" for name in [*json.loads(manifest.read_text())["files"], "manifest.json"]}
+        assert listed <= names, sorted(listed - names)[:5]
     target = tmp_path / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
