@@ -115,7 +115,7 @@ def _commands(
     calibration and this script. ``turns`` > 1: the distillation grew from first turns to conversations of that many
     turns (``sharegpt_prompts.py --turns``), whose prompts file the rebuild reads too. ``overrides``: settings the
     last run took from its command line (``_overrides``), repeated on its train command; ``variant``: shipped beside
-    the default heads; ``dtypes``: the dtypes the heads were calibrated for, one calibrate command each, with
+    the default heads; ``dtypes``: the dtypes the heads were calibrated for, one calibrate command each (named), with
     ``calibrate_options`` (the options calibration ran with, e.g. fewer held-out batches on a large base). A code
     recipe (``data.format: code``) reads source files already on the machine: nothing is distilled."""
     if recipe.get("data", {}).get("format") == "code":
@@ -131,7 +131,7 @@ def _commands(
         *commands,
         *(f"specheads train --config {stage}" for stage in stages),
         train,
-        *([f"{calibrate} --dtype {dtype}{options}" for dtype in dtypes] if len(dtypes) > 1 else [calibrate + options]),
+        *([f"{calibrate} --dtype {dtype}{options}" for dtype in dtypes] or [calibrate + options]),
         f"python scripts/ship_named_heads.py {name} {run} --config {config}"
         + "".join(f" --stage {stage}" for stage in stages)
         + (f" --turns {turns}" if turns > 1 else "")

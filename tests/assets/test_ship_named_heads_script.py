@@ -90,7 +90,8 @@ def test_a_code_recipe_distills_nothing_and_records_a_calibration_per_dtype() ->
     ]
     options = "--batches 3 --max-nodes 16"  # what calibration ran with is part of its command
     commands = script._commands("x", Path("runs/q"), recipe, "c.yaml", dtypes=["bfloat16"], calibrate_options=options)
-    assert commands[1] == f"specheads calibrate --config c.yaml --heads runs/q/heads {options}"
+    # one dtype is named too: without it, a CPU without bf16 units would calibrate float32 instead
+    assert commands[1] == f"specheads calibrate --config c.yaml --heads runs/q/heads --dtype bfloat16 {options}"
 
 
 def test_code_heads_ship_the_files_they_trained_on_with_their_hashes(tmp_path: Path) -> None:
