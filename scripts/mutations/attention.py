@@ -32,6 +32,17 @@ MUTATIONS = (
         (TESTS,),
     ),
     Mutation(
+        "invariant-attention-tree-without-gather",
+        "tree nodes are computed over the buffer as it is, their visible keys among masked siblings: each sum groups "
+        "a node's terms by their buffer slots, not by their places in the sequence",
+        PATH,
+        "    if _has_holes(allowed):",
+        "    if False:",
+        (
+            "tests/inference/test_bf16_invariance.py::test_tree_nodes_attention_has_the_float32_bits_of_its_path_in_sequence",
+        ),
+    ),
+    Mutation(
         "invariant-attention-causal-top-left",
         "without a mask, queries are aligned with the first keys (SDPA's is_causal), not with the last ones",
         PATH,
