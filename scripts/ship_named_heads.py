@@ -23,9 +23,9 @@ Heads trained on source files (``data.format: code``) ship ``data_files.json`` b
 on and the held-out files, each with its sha256, read through the run's corpus manifest (which rechecks every hash),
 and what the corpus skipped and dropped as a leak. Settings the run took from the command line (``data.limit=null``)
 are found by comparing the run's recipe with ``--config`` and written into the recorded train command; heads
-calibrated for several dtypes record a calibrate command for each, with the options calibration ran with
-(``--calibrate-options``). Refuses heads that do not load on the base and heads over the base's size limit (20 MB;
-64 MB for Qwen2.5-Coder-1.5B's).
+calibrated for several dtypes record a calibrate command for each, with the options calibration recorded in its
+record of ``tree.json`` (``--calibrate-options`` for records written before it did). Refuses heads that do not
+load on the base and heads over the base's size limit (20 MB; 64 MB for Qwen2.5-Coder-1.5B's).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import json
 import shlex
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parents[1] / "specheads" / "assets"
@@ -106,6 +106,7 @@ def _commands(
     variant: str | None = None,
     dtypes: Sequence[str] = (),
     calibrate_options: str = "",
+    recorded: Mapping[str, str | None] | None = None,
 ) -> list[str]:
     """The commands that reproduce the shipped heads, from the recipe they were trained with: the distilled chats
     (rebuilt from the answers kept in ``data/<name>/responses`` where the repository holds them, else distilled
@@ -116,7 +117,8 @@ def _commands(
     turns (``sharegpt_prompts.py --turns``), whose prompts file the rebuild reads too. ``overrides``: settings the
     last run took from its command line (``_overrides``), repeated on its train command; ``variant``: shipped beside
     the default heads; ``dtypes``: the dtypes the heads were calibrated for, one calibrate command each (named), with
-    ``calibrate_options`` (the options calibration ran with, e.g. fewer held-out batches on a large base). A code
+    the arguments its record holds (``recorded``, by dtype: :func:`specheads.heads.calibration.calibrate_arguments`),
+    else ``calibrate_options`` (records written before calibration recorded its options). A code
     recipe (``data.format: code``) reads source files already on the machine: nothing is distilled."""
     if recipe.get("data", {}).get("format") == "code":
         commands: list[str] = []
@@ -126,12 +128,16 @@ def _commands(
     if _written_output_dir(recipe, config) not in (None, str(run)):
         train += f" output.dir={run}"
     calibrate = f"specheads calibrate --config {config} --heads {run}/heads"
-    options = f" {calibrate_options.strip()}" if calibrate_options.strip() else ""
+
+    def options(dtype: str | None) -> str:
+        chosen = ((recorded or {}).get(dtype) if dtype else None) or calibrate_options.strip()
+        return f" {chosen}" if chosen else ""
+
     return [
         *commands,
         *(f"specheads train --config {stage}" for stage in stages),
         train,
-        *([f"{calibrate} --dtype {dtype}{options}" for dtype in dtypes] or [calibrate + options]),
+        *([f"{calibrate} --dtype {dtype}{options(dtype)}" for dtype in dtypes] or [calibrate + options(None)]),
         f"python scripts/ship_named_heads.py {name} {run} --config {config}"
         + "".join(f" --stage {stage}" for stage in stages)
         + (f" --turns {turns}" if turns > 1 else "")
@@ -192,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--calibrate-options",
         default="",
-        help="the options specheads calibrate ran with, recorded on its commands (e.g. '--batches 3 --max-nodes 16')",
+        help="the options specheads calibrate ran with, for tree.json records that do not hold them "
+        "(e.g. '--batches 3 --max-nodes 16')",
     )
     args = parser.parse_args(argv)
     recipe_path = args.config or f"configs/{args.name}/eagle3.yaml"
@@ -203,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     from specheads import assets
     from specheads.gguf import file_sha256
     from specheads.heads import EagleHead, load_heads
+    from specheads.heads.calibration import calibrate_arguments
     from specheads.loading import load_causal_lm
 
     heads_dir = args.run / "heads"
@@ -279,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
                     args.variant,
                     sorted({dtype.split("/")[0] for dtype in tree.get("by_dtype") or {}}),
                     args.calibrate_options,
+                    {
+                        dtype.split("/")[0]: calibrate_arguments(record)
+                        for dtype, record in (tree.get("by_dtype") or {}).items()
+                    },
                 ),
             },
         },

@@ -376,6 +376,8 @@ def calibrate(
     adds) is then timed against plain decoding on held-out prompts, and the fastest measured trees are recorded
     (``tree="auto"`` reads the static one, the family's own kind the grown one). With ``prompt_lookup``, the record's
     ``"lookup"`` holds the tokens a prompt lookup composed with the heads proposes by match length (see the module).
+    The record's ``"options"`` are the settings it ran with (with the torch threads), which
+    :func:`~specheads.heads.calibration.calibrate_arguments` turns back into ``specheads calibrate``'s arguments.
 
     Args:
         base, heads: the base and heads bound to it.
@@ -450,6 +452,14 @@ def calibrate(
             "device": str(base.get_output_embeddings().weight.device),
         },
         "dtype": calibration_key(base),
+        "options": {
+            "threads": torch.get_num_threads(),
+            "batches": batches,
+            "max_nodes": max_nodes,
+            "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens,
+            "prompt_lookup": bool(prompt_lookup or lookup_corpus is not None),
+        },
     }
     if prompt_lookup or lookup_corpus is not None:
         fastest = max(range(len(trees)), key=lambda index: measured[index]["tokens_per_s"])

@@ -11,8 +11,9 @@ from datasets import Dataset
 from helpers import tiny_model
 
 from specheads.calibrate import calibrate, choose_tree
+from specheads.cli import build_parser
 from specheads.heads import EagleHead
-from specheads.heads.calibration import Calibration
+from specheads.heads.calibration import Calibration, calibrate_arguments
 from specheads.methods.eagle.trees import TREES, DynamicTree
 
 # Rank-r agreement at depths 1 and 2. Growth order (path: probability): (0,) .5, (1,) .3, (0, 0) .2, (1, 0) .12,
@@ -78,7 +79,7 @@ def test_the_record_keeps_the_fastest_measured_trees_not_the_modelled_or_the_lar
     base = tiny_model("llama", seed=1, layers=4)
     ids = torch.randint(2, 96, (4, 12), generator=torch.Generator().manual_seed(0)).tolist()
     rows = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 12] * 4, "loss_mask": [[1] * 12] * 4})
-    record = calibrate(base, EagleHead.from_base(base, version=3), rows, max_nodes=6).record
+    record = calibrate(base, EagleHead.from_base(base, version=3), rows, max_nodes=6, new_tokens=24).record
 
     assert [len(t) for t in timed if isinstance(t, list)] == [1, 2, 3, 4, 6]
     assert record["model_choice"] == [[0], [1]]  # the cost model, as in the test above
@@ -90,3 +91,20 @@ def test_the_record_keeps_the_fastest_measured_trees_not_the_modelled_or_the_lar
     calibration = Calibration.from_record(record)  # what tree="auto" / "dynamic" decode with
     assert calibration.tree == [[0], [1], [0, 0], [1, 0]]
     assert TREES.calibrated(calibration) == DynamicTree(top_k=2, depth=2, total_tokens=3)
+    # the record says how it was measured, as specheads calibrate's own arguments (which parse back to the same)
+    assert record["options"] == {
+        "threads": torch.get_num_threads(),
+        "batches": 8,
+        "max_nodes": 6,
+        "prompt_tokens": 128,
+        "new_tokens": 24,
+        "prompt_lookup": False,
+    }
+    arguments = calibrate_arguments(record)
+    parsed = build_parser().parse_args(["calibrate", "--heads", "h", *arguments.split()])
+    assert (parsed.threads, parsed.batches, parsed.max_nodes, parsed.new_tokens) == (torch.get_num_threads(), 8, 6, 24)
+    assert parsed.prompt_tokens == 128 and not parsed.prompt_lookup
+    assert calibrate_arguments({**record, "options": {**record["options"], "prompt_lookup": True}}).endswith(
+        " --prompt-lookup"
+    )
+    assert calibrate_arguments({key: value for key, value in record.items() if key != "options"}) is None

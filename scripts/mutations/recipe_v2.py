@@ -250,4 +250,15 @@ MUTATIONS = (
             "tests/assets/test_ship_named_heads_script.py::test_code_heads_ship_the_files_they_trained_on_with_their_hashes",
         ),
     ),
+    Mutation(
+        "calibration-options-lose-a-size",
+        "the calibrate arguments read back from tree.json leave out the tokens decoded per timed prompt",
+        "specheads/heads/calibration.py",
+        '        for name in ("threads", "batches", "max_nodes", "prompt_tokens", "new_tokens")\n',
+        '        for name in ("threads", "batches", "max_nodes", "prompt_tokens")\n',
+        (
+            "tests/test_calibrate_choice.py::"
+            "test_the_record_keeps_the_fastest_measured_trees_not_the_modelled_or_the_largest",
+        ),
+    ),
 )

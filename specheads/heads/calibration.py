@@ -99,3 +99,19 @@ def write_calibration(directory: str | Path, record: dict) -> Path:
     text = json.dumps({**record, "by_dtype": by_dtype}, indent=2) + "\n"
     atomic_write(path, lambda temporary: temporary.write_text(text))
     return path
+
+
+def calibrate_arguments(record: dict) -> str | None:
+    """The ``specheads calibrate`` arguments that measured ``record`` (one dtype's record of ``tree.json``), from the
+    options it recorded (``--threads 2 --batches 2 --max-nodes 16 --prompt-tokens 128 --new-tokens 32``, with
+    ``--prompt-lookup`` where it calibrated a lookup); None for records written before calibration recorded them.
+    The dtype, the recipe and the heads' folder are the caller's to add."""
+    options = record.get("options")
+    if not options:
+        return None
+    arguments = [
+        f"--{name.replace('_', '-')} {options[name]}"
+        for name in ("threads", "batches", "max_nodes", "prompt_tokens", "new_tokens")
+        if options.get(name) is not None
+    ]
+    return " ".join(arguments + (["--prompt-lookup"] if options.get("prompt_lookup") else []))

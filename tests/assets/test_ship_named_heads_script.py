@@ -92,6 +92,16 @@ def test_a_code_recipe_distills_nothing_and_records_a_calibration_per_dtype() ->
     commands = script._commands("x", Path("runs/q"), recipe, "c.yaml", dtypes=["bfloat16"], calibrate_options=options)
     # one dtype is named too: without it, a CPU without bf16 units would calibrate float32 instead
     assert commands[1] == f"specheads calibrate --config c.yaml --heads runs/q/heads --dtype bfloat16 {options}"
+    # the options a record of tree.json holds win; --calibrate-options stands in for records without them
+    recorded = {"bfloat16": "--threads 2 --batches 2", "float32": None}
+    commands = script._commands(
+        "x", Path("runs/q"), recipe, "c.yaml", dtypes=["bfloat16", "float32"], calibrate_options=options,
+        recorded=recorded,
+    )  # fmt: skip
+    assert commands[1:3] == [
+        "specheads calibrate --config c.yaml --heads runs/q/heads --dtype bfloat16 --threads 2 --batches 2",
+        f"specheads calibrate --config c.yaml --heads runs/q/heads --dtype float32 {options}",
+    ]
 
 
 def test_code_heads_ship_the_files_they_trained_on_with_their_hashes(tmp_path: Path) -> None:
