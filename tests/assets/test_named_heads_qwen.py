@@ -31,7 +31,9 @@ def test_the_manifest_lists_every_shipped_file_with_its_hash_and_the_heads_fit_6
     heads = manifest["heads"]["eagle3"]
     assert sum(p.stat().st_size for p in (ROOT / "eagle3").iterdir()) <= 64 * 10**6
     assert heads["training"]["tokens_seen"] > 0 and heads["heldout_agreement_with_base_greedy_by_depth"]
-    assert "bfloat16" in {dtype.split("/")[0] for dtype in heads["calibrated"] if dtype != "machine"}
+    assert {"bfloat16", "float32"} <= {dtype.split("/")[0] for dtype in heads["calibrated"] if dtype != "machine"}
+    calibrate_commands = [command for command in heads["commands"] if command.startswith("specheads calibrate ")]
+    assert {command.split("--dtype ")[1].split()[0] for command in calibrate_commands} == {"bfloat16", "float32"}
     assert heads["learning_curve"] and heads["commands"][0].startswith("specheads train --config configs/")
     assert assets.shipped_heads(BASE) == ROOT / "eagle3"
 
