@@ -104,9 +104,8 @@ def _commands(
     turns: int = 1,
     overrides: Sequence[str] = (),
     variant: str | None = None,
-    dtypes: Sequence[str] = (),
+    calibrations: Mapping[str, str | None] | None = None,
     calibrate_options: str = "",
-    recorded: Mapping[str, str | None] | None = None,
 ) -> list[str]:
     """The commands that reproduce the shipped heads, from the recipe they were trained with: the distilled chats
     (rebuilt from the answers kept in ``data/<name>/responses`` where the repository holds them, else distilled
@@ -116,9 +115,10 @@ def _commands(
     calibration and this script. ``turns`` > 1: the distillation grew from first turns to conversations of that many
     turns (``sharegpt_prompts.py --turns``), whose prompts file the rebuild reads too. ``overrides``: settings the
     last run took from its command line (``_overrides``), repeated on its train command; ``variant``: shipped beside
-    the default heads; ``dtypes``: the dtypes the heads were calibrated for, one calibrate command each (named), with
-    the arguments its record holds (``recorded``, by dtype: :func:`specheads.heads.calibration.calibrate_arguments`),
-    else ``calibrate_options`` (records written before calibration recorded its options). A code
+    the default heads; ``calibrations``: the dtypes the heads were calibrated for, one calibrate command each (the
+    dtype named), with the arguments its record holds
+    (:func:`specheads.heads.calibration.calibrate_arguments`), else, where that is None (records written before
+    calibration recorded its options), ``calibrate_options``. A code
     recipe (``data.format: code``) reads source files already on the machine: nothing is distilled."""
     if recipe.get("data", {}).get("format") == "code":
         commands: list[str] = []
@@ -129,15 +129,18 @@ def _commands(
         train += f" output.dir={run}"
     calibrate = f"specheads calibrate --config {config} --heads {run}/heads"
 
-    def options(dtype: str | None) -> str:
-        chosen = ((recorded or {}).get(dtype) if dtype else None) or calibrate_options.strip()
+    def options(recorded: str | None) -> str:
+        chosen = recorded or calibrate_options.strip()
         return f" {chosen}" if chosen else ""
 
     return [
         *commands,
         *(f"specheads train --config {stage}" for stage in stages),
         train,
-        *([f"{calibrate} --dtype {dtype}{options(dtype)}" for dtype in dtypes] or [calibrate + options(None)]),
+        *(
+            [f"{calibrate} --dtype {dtype}{options(recorded)}" for dtype, recorded in (calibrations or {}).items()]
+            or [calibrate + options(None)]
+        ),
         f"python scripts/ship_named_heads.py {name} {run} --config {config}"
         + "".join(f" --stage {stage}" for stage in stages)
         + (f" --turns {turns}" if turns > 1 else "")
@@ -285,12 +288,11 @@ def main(argv: list[str] | None = None) -> int:
                     args.turns,
                     _overrides(recipe, recipe_path),
                     args.variant,
-                    sorted({dtype.split("/")[0] for dtype in tree.get("by_dtype") or {}}),
-                    args.calibrate_options,
                     {
                         dtype.split("/")[0]: calibrate_arguments(record)
-                        for dtype, record in (tree.get("by_dtype") or {}).items()
+                        for dtype, record in sorted((tree.get("by_dtype") or {}).items())
                     },
+                    args.calibrate_options,
                 ),
             },
         },

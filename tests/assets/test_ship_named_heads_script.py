@@ -81,7 +81,8 @@ def test_a_variant_records_the_command_that_ships_it_beside_the_default() -> Non
 def test_a_code_recipe_distills_nothing_and_records_a_calibration_per_dtype() -> None:
     script = load_script("ship_named_heads")
     recipe = {"data": {"paths": ["python-stdlib"], "format": "code"}, "output": {"dir": "runs/q"}}
-    commands = script._commands("qwen2.5-coder-1.5b", Path("runs/q"), recipe, "c.yaml", dtypes=["bfloat16", "float32"])
+    both = dict.fromkeys(["bfloat16", "float32"])  # no record holds its options: the commands name the dtype only
+    commands = script._commands("qwen2.5-coder-1.5b", Path("runs/q"), recipe, "c.yaml", calibrations=both)
     assert commands == [
         "specheads train --config c.yaml",
         "specheads calibrate --config c.yaml --heads runs/q/heads --dtype bfloat16",
@@ -89,14 +90,14 @@ def test_a_code_recipe_distills_nothing_and_records_a_calibration_per_dtype() ->
         "python scripts/ship_named_heads.py qwen2.5-coder-1.5b runs/q --config c.yaml",
     ]
     options = "--batches 3 --max-nodes 16"  # what calibration ran with is part of its command
-    commands = script._commands("x", Path("runs/q"), recipe, "c.yaml", dtypes=["bfloat16"], calibrate_options=options)
+    one = {"bfloat16": None}
+    commands = script._commands("x", Path("runs/q"), recipe, "c.yaml", calibrations=one, calibrate_options=options)
     # one dtype is named too: without it, a CPU without bf16 units would calibrate float32 instead
     assert commands[1] == f"specheads calibrate --config c.yaml --heads runs/q/heads --dtype bfloat16 {options}"
     # the options a record of tree.json holds win; --calibrate-options stands in for records without them
     recorded = {"bfloat16": "--threads 2 --batches 2", "float32": None}
     commands = script._commands(
-        "x", Path("runs/q"), recipe, "c.yaml", dtypes=["bfloat16", "float32"], calibrate_options=options,
-        recorded=recorded,
+        "x", Path("runs/q"), recipe, "c.yaml", calibrations=recorded, calibrate_options=options,
     )  # fmt: skip
     assert commands[1:3] == [
         "specheads calibrate --config c.yaml --heads runs/q/heads --dtype bfloat16 --threads 2 --batches 2",
