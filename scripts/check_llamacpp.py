@@ -2,6 +2,8 @@
 
     python scripts/check_llamacpp.py --llama-cpp SRC --server BIN                       # the embedded default
     python scripts/check_llamacpp.py --llama-cpp SRC --server BIN --base smollm2-135m   # the real base, MT-Bench
+    python scripts/check_llamacpp.py --llama-cpp SRC --server BIN --base qwen2.5-coder-1.5b --fold-norms \
+        --prompt-set humaneval      # EAGLE 3.1 heads, folded into llama.cpp's graph (specheads export --fold-norms)
 
 SRC is the llama.cpp tree of the pinned source distribution (``scripts/build_llamacpp.sh`` downloads and builds it)
 and BIN its ``llama-server``. The check:
@@ -22,6 +24,9 @@ transformers, converted back into a float32 GGUF (``--served float32``, the defa
 text and (b) compares like with like. ``--served shipped`` serves the named file itself (a quantized GGUF is another
 model than its dequantized weights: its greedy text parts from transformers' within a few tokens on most prompts, and
 the two acceptance rates are then measured on different text).
+
+With ``--fold-norms`` the heads' EAGLE 3.1 norms are folded into llama.cpp's graph first; (b) then compares llama.cpp
+with specheads decoding the folded heads, and the summary adds the heads' own acceptance as they are (the fold's cost).
 
 It also reports on how many prompts llama.cpp's greedy output equals transformers' (two engines' numerics may part at
 near-ties) and writes everything to ``--out``.
@@ -50,15 +55,17 @@ def convert(src: Path, args: list[str], log: Path) -> None:
         raise SystemExit(f"llama.cpp's converter failed ({done.returncode}); see {log}")
 
 
-def prompt_ids(base: str, tokenizer, count: int) -> list[list[int]]:  # noqa: ANN001
-    """The bench prompts of the default model, or MT-Bench first turns (round robin over categories) as chats."""
+def prompt_ids(base: str, tokenizer, count: int, prompt_set: str = "auto") -> list[list[int]]:  # noqa: ANN001
+    """The bench prompts of the default model, MT-Bench first turns (round robin over categories) as chats (a named
+    base), or ``prompt_set`` (``mt-bench``, ``humaneval``: its raw prompts)."""
     from specheads import assets
     from specheads.prompts import load_prompts, prompt_token_ids
 
-    if base == "default":
+    if prompt_set == "auto" and base == "default":
         texts = [json.loads(line)["prompt"] for line in assets.prompts_path().read_text().splitlines()]
         return [list(tokenizer(text)["input_ids"]) for text in texts[:count]]
-    return [prompt_token_ids(tokenizer, prompt) for prompt in load_prompts("mt-bench", tokenizer, limit=count)]
+    source = "mt-bench" if prompt_set == "auto" else prompt_set
+    return [prompt_token_ids(tokenizer, prompt) for prompt in load_prompts(source, tokenizer, limit=count)]
 
 
 def serve_all(server_args: dict, prompts: list[list[int]], new_tokens: int, label: str) -> list[dict]:
@@ -161,10 +168,28 @@ def main() -> int:
     )
     parser.add_argument("--draft-n", type=int, default=3, help="draft length, both engines (default 3)")
     parser.add_argument("--prompts", type=int, default=9)
+    parser.add_argument(
+        "--prompt-set",
+        default="auto",
+        choices=("auto", "mt-bench", "humaneval"),
+        help="auto: the default model's bench prompts, or MT-Bench for a named base",
+    )
+    parser.add_argument(
+        "--fold-norms",
+        action="store_true",
+        help="EAGLE 3.1 heads: fold their norms into llama.cpp's graph first (specheads export --fold-norms), and "
+        "also decode with the heads as they are to measure what the fold costs",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tolerance", type=float, default=0.02)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"), help="the draft's")
+    parser.add_argument(
+        "--base-dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "auto"),
+        help="specheads' base (float32: the weights llama.cpp serves with --served float32)",
+    )
     parser.add_argument(
         "--served",
         default="float32",
@@ -191,7 +216,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     log = work / "convert.log"
     base_dir = Path(assets.resolve(args.base)).resolve()
-    base = load_causal_lm(args.base)
+    base = load_causal_lm(args.base, dtype=args.base_dtype)
     tokenizer = load_tokenizer(args.base)
     heads_dir = Path(heads_path(args.heads, args.base)) if args.heads else assets.llamacpp_heads(args.base)
     served = args.served if args.base in assets.NAMED_BASES else "float32"
@@ -206,6 +231,14 @@ def main() -> int:
         if not base_gguf.exists():
             convert(args.llama_cpp, [str(base_dir), "--outtype", "f32", "--outfile", str(base_gguf)], log)
     head = load_heads(heads_dir, base)
+    unfolded = None
+    if args.fold_norms:
+        from specheads.methods.eagle import fold
+
+        texts = [json.loads(line)["prompt"] for line in assets.prompts_path().read_text().splitlines()]
+        rows = fold.calibration_rows(tokenizer, texts)
+        unfolded, (head, statistics) = head, fold.fold_for_llamacpp(head, base, rows)
+        summary["fold"] = statistics.as_dict()
     decoder = SpecDecoder.from_pretrained(base, heads=head, tokenizer=tokenizer)
     draft = work / f"draft-{args.dtype}.gguf"
     draft.unlink(missing_ok=True)
@@ -251,15 +284,22 @@ def main() -> int:
     summary["files_s"] = round(time.perf_counter() - start, 1)
 
     # 2. specheads' own chain at the same draft length, and transformers' greedy (equal, by the lossless tests)
-    prompts = prompt_ids(args.base, tokenizer, args.prompts)
-    ours = []
-    for ids_ in prompts:
-        out = decoder.generate(ids_, max_new_tokens=args.max_new_tokens, tree=f"chain-{args.draft_n}")
-        ours.append({"tokens": out.new_tokens, "drafted": sum(out.stats.drafted_depths),
-                     "accepted": sum(out.stats.accepted_drafts)})  # fmt: skip
-    drafted, accepted = sum(r["drafted"] for r in ours), sum(r["accepted"] for r in ours)
-    ours_rate = accepted / drafted
-    print(f"specheads chain-{args.draft_n}: accepted {accepted}/{drafted} = {ours_rate:.3f}", flush=True)
+    prompts = prompt_ids(args.base, tokenizer, args.prompts, args.prompt_set)
+
+    def chains(decoder: SpecDecoder, label: str) -> tuple[list[dict], float]:
+        rows = []
+        for ids_ in prompts:
+            out = decoder.generate(ids_, max_new_tokens=args.max_new_tokens, tree=f"chain-{args.draft_n}")
+            rows.append({"tokens": out.new_tokens, "drafted": sum(out.stats.drafted_depths),
+                         "accepted": sum(out.stats.accepted_drafts)})  # fmt: skip
+        drafted, accepted = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
+        print(f"specheads chain-{args.draft_n}{label}: accepted {accepted}/{drafted} = {accepted / drafted:.3f}")
+        return rows, accepted / drafted
+
+    ours, ours_rate = chains(decoder, ", folded" if unfolded is not None else "")
+    if unfolded is not None:  # what the fold costs: the heads as they are, on the same prompts
+        as_they_are = SpecDecoder.from_pretrained(base, heads=unfolded, tokenizer=tokenizer)
+        summary["fold"]["acceptance_unfolded"] = round(chains(as_they_are, ", unfolded")[1], 4)
 
     # 3. llama-server: greedy, with our draft, with the wrong draft
     common = {"binary": args.server, "model": base_gguf, "threads": args.threads, "log": work / "server.log"}

@@ -5,13 +5,17 @@ T=0, so the comparison does not depend on machine load):
 
 For each checkpoint (any head type): per-depth (Medusa: per-head) agreement with the base's greedy token on the
 recipe's held-out split (the head type's own evaluation), and tau of chain-K decoding on the first turn of
-``--prompts`` MT-Bench questions (round robin over categories). Prints one markdown table.
+``--prompts`` MT-Bench questions (round robin over categories; 0: none). Prints one markdown table.
+
+``--fold-norms`` adds, after each EAGLE 3.1 checkpoint, its fold into llama.cpp's graph (what ``specheads export
+--format gguf --fold-norms`` writes, its statistics from the shipped benchmark prompts): what the fold costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 
 
@@ -23,12 +27,14 @@ def main() -> None:
     parser.add_argument("--tree", default="chain-3")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--eval-batches", type=int, default=20)
+    parser.add_argument("--fold-norms", action="store_true", help="also score each EAGLE 3.1 checkpoint folded")
     args = parser.parse_args()
     # imported once the arguments are read: --help and a usage error answer without loading torch
     import torch
 
-    from specheads import SpecDecoder, load_heads
+    from specheads import SpecDecoder, assets, load_heads
     from specheads.loading import load_causal_lm, load_tokenizer
+    from specheads.methods.eagle import fold
     from specheads.prompts import load_prompts, prompt_token_ids
     from specheads.registry import head_type_of
     from specheads.training.batches import collate_trimmed
@@ -36,6 +42,7 @@ def main() -> None:
     from specheads.training.data import build_dataset
     from specheads.training.files import expand_data_paths
 
+    fold_texts = [json.loads(line)["prompt"] for line in assets.prompts_path().read_text().splitlines()]
     config = load_config(args.config, [])
     base = load_causal_lm(config.model.base)
     tokenizer = load_tokenizer(config.model.base)
@@ -45,8 +52,14 @@ def main() -> None:
     prompts = [prompt_token_ids(tokenizer, p) for p in load_prompts("mt-bench", tokenizer, limit=args.prompts)]
     print(f"held-out: {len(heldout)} chats of {config.data.paths}; MT-Bench: {len(prompts)} first turns, {args.tree}")
     print("\n| heads | held-out agreement by depth | tau | accepted / drafted |\n|---|---|---|---|")
+    candidates = []
     for path in args.heads:
         head = load_heads(path, base)
+        candidates.append((path, head))
+        if args.fold_norms and fold.needs_fold(head):
+            folded, _ = fold.fold_for_llamacpp(head, base, fold.calibration_rows(tokenizer, fold_texts))
+            candidates.append((f"{path}, folded for llama.cpp", folded))
+    for path, head in candidates:
         with torch.no_grad():
             agreement = head_type_of(head).evaluate_fn()(base, head, loader, max_batches=args.eval_batches)
         decoder = SpecDecoder.from_pretrained(base, heads=head, tokenizer=tokenizer)
@@ -58,7 +71,8 @@ def main() -> None:
             accepted += sum(out.stats.accepted_drafts)
             drafted += sum(out.stats.drafted_depths)
         depths = ", ".join(f"{a:.3f}" for a in agreement["agreement_with_base_greedy"])
-        print(f"| {path} | {depths} | {tokens / steps:.2f} | {accepted} / {drafted} |", flush=True)
+        tau = f"{tokens / steps:.2f}" if steps else "-"
+        print(f"| {path} | {depths} | {tau} | {accepted} / {drafted} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -603,6 +603,17 @@ class ExportOptions:
         "(default: the --base GGUF, else a vocabulary built from the base's tokenizer)",
         metavar="FILE",
     )
+    fold_norms: bool = option(
+        "gguf: rewrite EAGLE 3.1 heads (fc_norm, norm_output) into the nearest heads llama.cpp's graph runs, from the "
+        "base's features on --fold-text: an approximation of the draft (measured; verification keeps the output "
+        "exact)",
+        False,
+        action="store_true",
+    )
+    fold_text: str | None = option(
+        "--fold-norms: a text file of the kind the heads will draft (default: the shipped benchmark prompts)",
+        metavar="FILE",
+    )
     check: str | None = option("check PATH (a directory or a .gguf draft) instead", metavar="PATH")
 
     def __post_init__(self) -> None:

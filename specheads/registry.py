@@ -162,6 +162,15 @@ class FileChecker(Protocol):
     def __call__(self, path: Any, target: Any, /) -> Any: ...
 
 
+class HeadsAdapter(Protocol):
+    """``adapt(heads, base, tokenizer, texts) -> (heads, notes)``: heads a format cannot hold as they are, rewritten
+    into the nearest heads it can, from the base's activations on ``texts`` (an approximation of the draft, which the
+    notes say; verification keeps decoding lossless). Returns the heads unchanged, with no notes, where none is
+    needed."""
+
+    def __call__(self, heads: Any, base: Any, tokenizer: Any, texts: list[str], /) -> tuple[Any, list[str]]: ...
+
+
 def _resolve(path: str) -> Any:
     module, _, attribute = path.partition(":")
     return getattr(importlib.import_module(module), attribute)
@@ -188,6 +197,9 @@ class ExportFormat:
         suffix: the file name suffix of a format that is one file (``.gguf``).
         check_file: ``check_file(path, target) -> CheckReport`` of a one-file format: the engine's loading rules,
             against the model file it serves the draft with (``target``, may be None).
+        adapt: ``adapt(heads, base, tokenizer, texts) -> (heads, notes)``: the nearest heads this format holds, for
+            heads it cannot hold as they are (``gguf``: EAGLE 3.1's norms folded into llama.cpp's graph); asked for
+            by ``specheads export --fold-norms``.
     """
 
     name: str
@@ -200,6 +212,7 @@ class ExportFormat:
     fallback: bool = False
     suffix: str = ""
     check_file: FileChecker | None = None
+    adapt: HeadsAdapter | None = None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ warmup-stable-decay, the training-time-test length, and the stratified held-out 
 from mutations import Mutation
 
 NORMS = "tests/methods/eagle/test_eagle31_norms.py"
+FOLD = "tests/methods/eagle/test_eagle31_fold.py"
 SETTINGS = "tests/methods/eagle/test_eagle_recipe_settings.py"
 OPTIMIZERS = "tests/training/test_optimizers.py"
 DIAGNOSTICS = "tests/training/test_diagnostics.py"
@@ -260,5 +261,30 @@ MUTATIONS = (
             "tests/test_calibrate_choice.py::"
             "test_the_record_keeps_the_fastest_measured_trees_not_the_modelled_or_the_largest",
         ),
+    ),
+    Mutation(
+        "fold-without-block-ratios",
+        "the llama.cpp fold copies each fc_norm into input_norm without the block's rms ratio",
+        "specheads/methods/eagle/fold.py",
+        '    blocks = [state.pop(f"fc_norm.{k}.weight").float() * ratio'
+        " for k, ratio in enumerate(statistics.block_ratios)]\n",
+        '    blocks = [state.pop(f"fc_norm.{k}.weight").float() for k, ratio in enumerate(statistics.block_ratios)]\n',
+        (f"{FOLD}::test_the_folded_fuse_equals_the_heads_where_block_ratios_hold",),
+    ),
+    Mutation(
+        "fold-attention-not-rescaled",
+        "the llama.cpp fold scales the normed residual by kappa but leaves the q/k/v columns that read it",
+        "specheads/methods/eagle/fold.py",
+        "        weight[:, hidden:] /= kappa\n",
+        "        weight[:, hidden:] /= 1.0\n",
+        (f"{FOLD}::test_the_first_draft_step_is_exact_where_its_input_has_rms_kappa",),
+    ),
+    Mutation(
+        "fold-statistics-mean-square",
+        "the fold's block ratios compare mean squares, not rms: each ratio is squared",
+        "specheads/methods/eagle/fold.py",
+        "    rms = torch.stack([b.pow(2).mean(-1).sqrt() for b in blocks], dim=-1)  # [N, K]\n",
+        "    rms = torch.stack([b.pow(2).mean(-1) for b in blocks], dim=-1)  # [N, K]\n",
+        (f"{FOLD}::test_the_statistics_are_the_rms_ratios_of_the_blocks_and_the_median_rms_of_fc",),
     ),
 )

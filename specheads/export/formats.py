@@ -144,12 +144,17 @@ def export_named(
     num_speculative_tokens: int | None = None,
     dtype: str | None = None,
     target_gguf: str | Path | None = None,
+    fold_norms: bool = False,
+    fold_text: str | Path | None = None,
 ) -> ExportResult:
     """:func:`export_heads` from names, as ``specheads export`` takes them.
 
     ``heads`` is a checkpoint directory or ``"default"`` (the heads shipped for ``base``); ``base`` a folder, a hub
     id, ``"default"``, a named real base or a GGUF file. The serve commands name the folder engines load (a named or
     GGUF base: its converted folder), and the ``gguf`` format takes the named base's GGUF as its target by default.
+    ``fold_norms`` (``gguf`` only) first rewrites EAGLE 3.1 heads into llama.cpp's graph
+    (:mod:`specheads.methods.eagle.fold`, an approximation of the draft), from the base's features on ``fold_text``
+    (a text file; default: the shipped benchmark prompts).
     """
     from specheads import assets
     from specheads.gguf import is_gguf
@@ -158,9 +163,18 @@ def export_named(
 
     if heads == "default" and base is None:
         raise ValueError("--heads default are the heads shipped for --base (default, or a named base)")
+    if fold_norms and format != "gguf":
+        raise ValueError("--fold-norms rewrites EAGLE 3.1 heads for llama.cpp's graph: it goes with --format gguf")
+    if fold_norms and not base:
+        raise ValueError("--fold-norms reads the base's features on calibration text: pass --base")
+    if fold_text is not None and not fold_norms:
+        raise ValueError("--fold-text is the calibration text of --fold-norms")
     heads_dir = Path(heads_path(heads, base))
     base_model = load_causal_lm(base) if base else None
     loaded = load_heads(heads_dir, base_model)
+    fold_notes = []
+    if fold_norms:
+        loaded, fold_notes = _fold(loaded, base_model, base, format, fold_text)
     base_name = base
     if base == "default" or base in assets.NAMED_BASES or (base and is_gguf(base)):
         base_name = str(Path(assets.resolve(base)).resolve())  # the folder engines load (a GGUF's converted one)
@@ -184,7 +198,30 @@ def export_named(
     )
     if (heads_dir / ADAPTER_DIR).is_dir():
         result.notes.append(f"Medusa-2 heads: serve the base with the LoRA adapter in {heads_dir / ADAPTER_DIR} merged")
+    result.notes += fold_notes
     return result
+
+
+def _fold(
+    heads: torch.nn.Module, base_model: PreTrainedModel, base: str, format: str, fold_text: str | Path | None
+) -> tuple[torch.nn.Module, list[str]]:
+    """``heads`` rewritten by ``format``'s adapter (gguf: EAGLE 3.1's norms folded into llama.cpp's graph) from the
+    base's activations on ``fold_text`` (default: the shipped benchmark prompts), with the notes that say so."""
+    from specheads import assets
+    from specheads.loading import load_tokenizer
+
+    adapt = export_format(format, heads=heads).adapt
+    if adapt is None:
+        raise ValueError(f"--fold-norms: the {format} format holds these heads as they are; there is nothing to fold")
+    if fold_text is None:
+        lines = assets.prompts_path().read_text(encoding="utf-8").splitlines()
+        texts, source = [json.loads(line)["prompt"] for line in lines if line.strip()], "the shipped benchmark prompts"
+    else:
+        texts, source = [Path(fold_text).read_text(encoding="utf-8")], str(fold_text)
+    adapted, notes = adapt(heads, base_model, load_tokenizer(base), texts)
+    if adapted is heads:
+        raise ValueError("--fold-norms: these heads have no EAGLE 3.1 norms, llama.cpp runs them as they are")
+    return adapted, [*notes, f"calibration text: {source}"]
 
 
 def check_heads(heads: torch.nn.Module, format: str, kind: type, version: int | None = None) -> None:

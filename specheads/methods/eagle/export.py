@@ -268,6 +268,22 @@ def _eagle1(
     return config, tensors, commands, notes
 
 
+def _fold_for_gguf(heads: Any, base: PreTrainedModel, tokenizer: Any, texts: list[str]) -> tuple[Any, list[str]]:
+    """EAGLE 3.1 heads folded into llama.cpp's graph from ``base``'s features on ``texts``
+    (:mod:`specheads.methods.eagle.fold`); other heads as they are."""
+    from specheads.methods.eagle import fold
+
+    if not fold.needs_fold(heads):
+        return heads, []
+    folded, statistics = fold.fold_for_llamacpp(heads, base, fold.calibration_rows(tokenizer, texts))
+    ratios = ", ".join(f"{ratio:.3f}" for ratio in statistics.block_ratios)
+    return folded, [
+        fold.FOLD_NOTE,
+        f"fold statistics from {statistics.tokens} calibration tokens: block ratios {ratios}, kappa "
+        f"{statistics.kappa:.3f}",
+    ]
+
+
 def _check_gguf_file(path: str | Path, target: str | Path | None) -> CheckReport:
     from specheads.methods.eagle import gguf
 
@@ -689,5 +705,7 @@ FORMATS = {
         check=_check_eagle1,
         detect=lambda config, names: _eagle_layout(config, names) == 1,
     ),
-    "gguf": ExportFormat("gguf", "", export=_export_gguf, suffix=".gguf", check_file=_check_gguf_file),
+    "gguf": ExportFormat(
+        "gguf", "", export=_export_gguf, suffix=".gguf", check_file=_check_gguf_file, adapt=_fold_for_gguf
+    ),
 }

@@ -349,7 +349,8 @@ def draft_keys(config: dict[str, Any], dtype: str) -> list[tuple[str, Any, Any, 
 EAGLE31_REFUSAL = (
     "llama.cpp's EAGLE-3 graph cannot run EAGLE 3.1's fc_norm / norm_output drafts: it has only norm_before_fc (one "
     "norm over the concatenated features, not one per layer) and feeds the un-normed output to the next step; export "
-    "--format eagle3 or speculators (vLLM, SGLang), or train without heads.fc_norm and heads.norm_output for llama.cpp "
+    "--format eagle3 or speculators (vLLM, SGLang), add --fold-norms (the nearest heads llama.cpp runs, an "
+    "approximation of the draft), or train without heads.fc_norm and heads.norm_output for llama.cpp "
     "(heads.norm_before_fc is the one fused-feature norm it runs; a named base may ship such heads beside its "
     "default: heads='default:llamacpp')"
 )
