@@ -209,7 +209,7 @@ def main() -> int:
     from specheads.export import export_heads
     from specheads.heads.loading import heads_path
     from specheads.loading import load_causal_lm, load_tokenizer
-    from specheads.methods.eagle.gguf import compare_gguf
+    from specheads.methods.eagle.gguf import compare_gguf, read_target_gguf, target_architecture_problem
 
     torch.set_num_threads(args.threads)
     work = args.out or Path(tempfile.mkdtemp(prefix="specheads-llamacpp-"))
@@ -301,6 +301,12 @@ def main() -> int:
         as_they_are = SpecDecoder.from_pretrained(base, heads=unfolded, tokenizer=tokenizer)
         summary["fold"]["acceptance_unfolded"] = round(chains(as_they_are, ", unfolded")[1], 4)
 
+    summary.update(prompts=len(prompts), max_new_tokens=args.max_new_tokens, specheads_acceptance=round(ours_rate, 4))
+    unservable = target_architecture_problem(read_target_gguf(base_gguf))
+    if unservable:  # llama-server would abort on its first speculative decode: say so instead
+        failures.append(f"llama.cpp cannot serve this pair: {unservable}")
+        return finish(summary, failures, work)
+
     # 3. llama-server: greedy, with our draft, with the wrong draft
     common = {"binary": args.server, "model": base_gguf, "threads": args.threads, "log": work / "server.log"}
     spec = ["--spec-type", "draft-eagle3", "--spec-draft-n-max", str(args.draft_n), "--spec-draft-n-min", "0",
@@ -317,9 +323,6 @@ def main() -> int:
     hf_same = [first_difference(g["tokens"], o["tokens"]) for g, o in zip(greedy, ours, strict=True)]
     lcpp_rate, wrong_rate = rate(drafted_rows), rate(wrong_rows)
     summary.update(
-        prompts=len(prompts),
-        max_new_tokens=args.max_new_tokens,
-        specheads_acceptance=round(ours_rate, 4),
         llamacpp_acceptance=round(lcpp_rate, 4),
         wrong_acceptance=round(wrong_rate, 4),
         speculative_equals_greedy=f"{sum(same)}/{len(same)}",
@@ -346,6 +349,11 @@ def main() -> int:
         failures.append(f"the wrong export ({summary['wrong_export']}) was not detected: {wrong_rate:.3f}")
     if args.distill_prompts:
         summary["distill"] = check_distill(args, work, base, tokenizer, base_gguf, failures)
+    return finish(summary, failures, work)
+
+
+def finish(summary: dict, failures: list[str], work: Path) -> int:
+    """Write and print the summary and the failures; the exit code."""
     summary["failures"] = failures
     (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "per_prompt"}, indent=2))

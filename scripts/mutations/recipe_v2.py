@@ -280,6 +280,14 @@ MUTATIONS = (
         (f"{FOLD}::test_the_first_draft_step_is_exact_where_its_input_has_rms_kappa",),
     ),
     Mutation(
+        "gguf-target-architecture-unchecked",
+        "a draft checked against a qwen2 target passes, though the pinned llama-server aborts with it",
+        "specheads/methods/eagle/gguf.py",
+        "    if target.architecture is None or target.architecture in EAGLE3_TARGET_ARCHITECTURES:\n",
+        "    if True:\n",
+        ("tests/methods/eagle/test_llamacpp.py::test_a_target_whose_graph_hands_eagle3_no_layer_inputs_is_named",),
+    ),
+    Mutation(
         "fold-statistics-mean-square",
         "the fold's block ratios compare mean squares, not rms: each ratio is squared",
         "specheads/methods/eagle/fold.py",

@@ -285,9 +285,16 @@ def _fold_for_gguf(heads: Any, base: PreTrainedModel, tokenizer: Any, texts: lis
 
 
 def _check_gguf_file(path: str | Path, target: str | Path | None) -> CheckReport:
+    """The draft file's own checks and, given the target's GGUF, whether the pinned llama.cpp serves it with that
+    target at all (the vocabulary, and an architecture whose graph hands EAGLE-3 its layer inputs)."""
     from specheads.methods.eagle import gguf
 
-    return gguf.check_gguf_draft(path, gguf.read_target_gguf(target) if target else None)
+    target_vocab = gguf.read_target_gguf(target) if target else None
+    report = gguf.check_gguf_draft(path, target_vocab)
+    problem = gguf.target_architecture_problem(target_vocab) if target_vocab is not None else None
+    for verdict in report.verdicts if problem else []:
+        verdict.problems.append(problem)
+    return report
 
 
 def _export_gguf(
@@ -327,6 +334,8 @@ def _export_gguf(
     commands = {"llama.cpp": llamacpp.llama_server_command(base_gguf, str(out.resolve()), steps)}
     notes = [n for n in notes if not n.startswith(("sglang", "vllm"))]
     notes.append(f"tokenizer from {target.source}; llama.cpp drafts and verifies chains (draft length {steps})")
+    if problem := llamacpp.target_architecture_problem(target):  # the file is right; this llama.cpp cannot use it
+        notes.append(f"warning: {problem}")
     return ExportResult(out, "gguf", report, commands, notes)
 
 

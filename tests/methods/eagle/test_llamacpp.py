@@ -35,9 +35,9 @@ VOCAB, HIDDEN, LAYERS = 96, 32, 8
 LLAMA_CPP = os.environ.get("SPECHEADS_LLAMA_CPP")
 
 
-def _target_gguf(path: Path, vocab: int = VOCAB, tokens: list[str] | None = None) -> Path:
+def _target_gguf(path: Path, vocab: int = VOCAB, tokens: list[str] | None = None, arch: str = "llama") -> Path:
     """A base GGUF with what a draft takes from it: its tokenizer keys, depth and width (no tensors needed)."""
-    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer = gguf.GGUFWriter(str(path), arch=arch)
     writer.add_block_count(LAYERS)
     writer.add_embedding_length(HIDDEN)
     writer.add_tokenizer_model("gpt2")
@@ -60,6 +60,22 @@ def _fields(path: Path) -> dict:
 def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
     rows = weight.shape[0]
     return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def test_a_target_whose_graph_hands_eagle3_no_layer_inputs_is_named(base, trained, tmp_path, capsys) -> None:
+    """The pinned llama.cpp aborts with an EAGLE-3 draft for a qwen2 target (its graph does not expose the layer
+    inputs): the export still writes the right file and warns; checking it against that target fails."""
+    qwen2 = _target_gguf(tmp_path / "qwen2.gguf", arch="qwen2")
+    result = export_heads(trained["eagle3"], tmp_path / "draft.gguf", "gguf", base_model=base, target_gguf=qwen2)
+    assert result.report.ok  # the draft file is not at fault
+    warnings = [note for note in result.notes if note.startswith("warning:")]
+    assert len(warnings) == 1 and "'qwen2' model" in warnings[0] and "layer input tensor is null" in warnings[0]
+    assert main(["export", "--check", str(tmp_path / "draft.gguf"), "--target-gguf", str(qwen2)]) == 1
+    assert "'qwen2' model" in capsys.readouterr().out
+    llama = _target_gguf(tmp_path / "llama.gguf")
+    assert main(["export", "--check", str(tmp_path / "draft.gguf"), "--target-gguf", str(llama)]) == 0
+    again = export_heads(trained["eagle3"], tmp_path / "again.gguf", "gguf", base_model=base, target_gguf=llama)
+    assert not [note for note in again.notes if note.startswith("warning:")]
 
 
 def test_the_draft_reads_back_with_every_key_and_tensor(base, trained, tmp_path) -> None:
