@@ -49,7 +49,11 @@ def main() -> None:
     data = dataclasses.replace(config.data, paths=expand_data_paths(config.data.paths))
     heldout = build_dataset(data, tokenizer, split="heldout").with_format("torch")
     loader = torch.utils.data.DataLoader(heldout, batch_size=config.train.batch_size, collate_fn=collate_trimmed)
-    prompts = [prompt_token_ids(tokenizer, p) for p in load_prompts("mt-bench", tokenizer, limit=args.prompts)]
+    prompts = (
+        [prompt_token_ids(tokenizer, p) for p in load_prompts("mt-bench", tokenizer, limit=args.prompts)]
+        if args.prompts
+        else []
+    )
     print(f"held-out: {len(heldout)} chats of {config.data.paths}; MT-Bench: {len(prompts)} first turns, {args.tree}")
     print("\n| heads | held-out agreement by depth | tau | accepted / drafted |\n|---|---|---|---|")
     candidates = []
