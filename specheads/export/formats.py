@@ -169,6 +169,10 @@ def export_named(
         raise ValueError("--fold-norms reads the base's features on calibration text: pass --base")
     if fold_text is not None and not fold_norms:
         raise ValueError("--fold-text is the calibration text of --fold-norms")
+    if fold_text is not None and not Path(fold_text).is_file():
+        raise ValueError(f"--fold-text {fold_text}: no such file")
+    if fold_text is not None and not Path(fold_text).read_text(encoding="utf-8").strip():
+        raise ValueError(f"--fold-text {fold_text} is empty: the fold needs the base's features on some text")
     heads_dir = Path(heads_path(heads, base))
     base_model = load_causal_lm(base) if base else None
     loaded = load_heads(heads_dir, base_model)

@@ -172,8 +172,18 @@ def test_the_cli_refuses_eagle31_heads_for_gguf_unless_folded(tmp_path, capsys) 
     assert "add --fold-norms" in capsys.readouterr().err and not out.exists()
     assert main([*common[:5], "--format", "eagle3", "--out", str(tmp_path / "e3"), "--fold-norms"]) != 0
     assert "goes with --format gguf" in capsys.readouterr().err and not (tmp_path / "e3").exists()
+    (tmp_path / "empty.txt").write_text("\n")
+    assert main([*common, "--fold-norms", "--fold-text", str(tmp_path / "missing.txt")]) != 0
+    assert "missing.txt: no such file" in capsys.readouterr().err
+    assert main([*common, "--fold-norms", "--fold-text", str(tmp_path / "empty.txt")]) != 0
+    assert "is empty" in capsys.readouterr().err and not out.exists()
     assert main([*common, "--fold-norms"]) == 0
     printed = capsys.readouterr().out
     assert "folded into llama.cpp's graph" in printed and "fold statistics from" in printed
     assert "llama.cpp: loads" in printed
     assert main(["export", "--check", str(out)]) == 0
+    text = tmp_path / "code.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 20)
+    other = tmp_path / "from-text.gguf"
+    assert main([*common[:-1], str(other), "--fold-norms", "--fold-text", str(text)]) == 0
+    assert f"calibration text: {text}" in capsys.readouterr().out and other.exists()
