@@ -344,6 +344,44 @@ def test_norm_before_fc_equal_to_llama_cpps_converter(tmp_path) -> None:
     assert _fields(tmp_path / "c.gguf")[0]["eagle3.norm_before_fc"] is True
 
 
+@pytest.mark.skipif(LLAMA_CPP is None, reason="set SPECHEADS_LLAMA_CPP to llama.cpp's source tree (its converter)")
+def test_folded_eagle31_heads_equal_to_llama_cpps_converter(tmp_path) -> None:
+    """EAGLE 3.1 heads folded for llama.cpp (export --fold-norms: input_norm and a normed residual) on the default
+    base: the converter reads the eagle3 export's flags and tensors into the same GGUF as specheads' own writer."""
+    from specheads.heads import EagleHead
+    from specheads.loading import load_causal_lm
+    from specheads.methods.eagle.fold import fold_for_llamacpp
+
+    base_dir = assets.resolve("default")
+    base = load_causal_lm("default")
+    layers = base.config.num_hidden_layers
+    vocab = base.get_output_embeddings().weight.shape[0]
+    torch.manual_seed(0)
+    head = EagleHead.from_base(
+        base, version=3, layer_ids=[layers - 2, 1, layers // 2], draft_vocab_size=64, token_counts=torch.rand(vocab),
+        fc_norm=True, norm_output=True,
+    )  # fmt: skip
+    folded, _ = fold_for_llamacpp(head, base, [list(range(5, 69))])
+    export_heads(folded, tmp_path / "e3", "eagle3", base_model=base)
+    for args in (
+        [
+            str(tmp_path / "e3"),
+            "--target-model-dir",
+            base_dir,
+            "--outtype",
+            "f32",
+            "--outfile",
+            str(tmp_path / "c.gguf"),
+        ],
+        [base_dir, "--outtype", "f32", "--outfile", str(tmp_path / "base.gguf")],
+    ):
+        subprocess.run(converter_command(LLAMA_CPP, args), check=True, capture_output=True)
+    export_heads(folded, tmp_path / "ours.gguf", "gguf", dtype="float32", target_gguf=tmp_path / "base.gguf")
+    assert compare_gguf(tmp_path / "ours.gguf", tmp_path / "c.gguf") == []
+    fields = _fields(tmp_path / "c.gguf")[0]
+    assert fields["eagle3.norm_before_fc"] is True and fields["eagle3.norm_before_residual"] is True
+
+
 def test_compare_gguf_reports_a_differing_key_and_a_differing_tensor(base, trained, tmp_path) -> None:
     """The comparator behind "equal to llama.cpp's converter" can fail: other values are found and named."""
     target = _target_gguf(tmp_path / "base.gguf")
