@@ -62,7 +62,7 @@ def prompt_ids(base: str, tokenizer, count: int, prompt_set: str = "auto") -> li
     from specheads.prompts import load_prompts, prompt_token_ids
 
     if prompt_set == "auto" and base == "default":
-        texts = [json.loads(line)["prompt"] for line in assets.prompts_path().read_text().splitlines()]
+        texts = assets.prompt_texts()
         return [list(tokenizer(text)["input_ids"]) for text in texts[:count]]
     source = "mt-bench" if prompt_set == "auto" else prompt_set
     return [prompt_token_ids(tokenizer, prompt) for prompt in load_prompts(source, tokenizer, limit=count)]
@@ -235,7 +235,7 @@ def main() -> int:
     if args.fold_norms:
         from specheads.methods.eagle import fold
 
-        texts = [json.loads(line)["prompt"] for line in assets.prompts_path().read_text().splitlines()]
+        texts = assets.prompt_texts()
         rows = fold.calibration_rows(tokenizer, texts)
         unfolded, (head, statistics) = head, fold.fold_for_llamacpp(head, base, rows)
         summary["fold"] = statistics.as_dict()

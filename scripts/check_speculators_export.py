@@ -11,7 +11,6 @@ Needs speculators installed (README test command). Prints one summary line per m
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from importlib.metadata import version
@@ -99,7 +98,7 @@ def _prompt_ids(args: argparse.Namespace, tokenizer) -> list[torch.Tensor]:  # n
     from specheads.prompts import load_prompts, render_conversation
 
     if args.prompts_file is None:
-        texts = [json.loads(line)["prompt"] for line in assets.prompts_path().read_text().splitlines()]
+        texts = assets.prompt_texts()
         return [tokenizer(text, return_tensors="pt").input_ids for text in texts[: args.prompts]]
     chats = []
     for prompt in load_prompts(args.prompts_file, tokenizer):

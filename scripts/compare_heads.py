@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 
 
@@ -42,7 +41,7 @@ def main() -> None:
     from specheads.training.data import build_dataset
     from specheads.training.files import expand_data_paths
 
-    fold_texts = [json.loads(line)["prompt"] for line in assets.prompts_path().read_text().splitlines()]
+    fold_texts = assets.prompt_texts()
     config = load_config(args.config, [])
     base = load_causal_lm(config.model.base)
     tokenizer = load_tokenizer(config.model.base)

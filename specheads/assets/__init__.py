@@ -284,6 +284,12 @@ def prompts_path() -> Path:
     return path
 
 
+def prompt_texts() -> list[str]:
+    """The texts of the shipped benchmark prompts, in file order."""
+    lines = prompts_path().read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["prompt"] for line in lines if line.strip()]
+
+
 def heads_variants(base: str) -> list[str]:
     """The variants of the heads shipped for a named base besides its default (``eagle3-<variant>`` folders), such
     as ``"llamacpp"``: heads llama.cpp's EAGLE-3 graph can run where the default uses EAGLE 3.1's norms."""

@@ -218,8 +218,7 @@ def _fold(
     if adapt is None:
         raise ValueError(f"--fold-norms: the {format} format holds these heads as they are; there is nothing to fold")
     if fold_text is None:
-        lines = assets.prompts_path().read_text(encoding="utf-8").splitlines()
-        texts, source = [json.loads(line)["prompt"] for line in lines if line.strip()], "the shipped benchmark prompts"
+        texts, source = assets.prompt_texts(), "the shipped benchmark prompts"
     else:
         texts, source = [Path(fold_text).read_text(encoding="utf-8")], str(fold_text)
     adapted, notes = adapt(heads, base_model, load_tokenizer(base), texts)

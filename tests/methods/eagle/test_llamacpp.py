@@ -315,16 +315,10 @@ def test_equal_to_llama_cpps_converter(tmp_path, dtype) -> None:
     assert compare_gguf(tmp_path / "hf.gguf", tmp_path / "c.gguf") == []
 
 
-@pytest.mark.skipif(LLAMA_CPP is None, reason="set SPECHEADS_LLAMA_CPP to llama.cpp's source tree (its converter)")
-def test_norm_before_fc_equal_to_llama_cpps_converter(tmp_path) -> None:
-    """Heads with norm_before_fc on the default base (unsorted layers): the converter maps the eagle3 export's
-    input_norm and flag to the same GGUF as specheads' own writer."""
-    from specheads.loading import load_causal_lm
-
+def _converted_like_ours(head, base, tmp_path: Path) -> dict:
+    """llama.cpp's converter on ``head``'s eagle3 export (and on the default base, for the target) against
+    specheads' own gguf writer: asserts the two files are equal and returns the converted file's keys."""
     base_dir = assets.resolve("default")
-    base = load_causal_lm("default")
-    layers = base.config.num_hidden_layers
-    head = _norm_before_fc_head(base, layer_ids=(layers - 2, 1, layers // 2))
     export_heads(head, tmp_path / "e3", "eagle3", base_model=base)
     for args in (
         [
@@ -341,7 +335,19 @@ def test_norm_before_fc_equal_to_llama_cpps_converter(tmp_path) -> None:
         subprocess.run(converter_command(LLAMA_CPP, args), check=True, capture_output=True)
     export_heads(head, tmp_path / "ours.gguf", "gguf", dtype="float32", target_gguf=tmp_path / "base.gguf")
     assert compare_gguf(tmp_path / "ours.gguf", tmp_path / "c.gguf") == []
-    assert _fields(tmp_path / "c.gguf")[0]["eagle3.norm_before_fc"] is True
+    return _fields(tmp_path / "c.gguf")[0]
+
+
+@pytest.mark.skipif(LLAMA_CPP is None, reason="set SPECHEADS_LLAMA_CPP to llama.cpp's source tree (its converter)")
+def test_norm_before_fc_equal_to_llama_cpps_converter(tmp_path) -> None:
+    """Heads with norm_before_fc on the default base (unsorted layers): the converter maps the eagle3 export's
+    input_norm and flag to the same GGUF as specheads' own writer."""
+    from specheads.loading import load_causal_lm
+
+    base = load_causal_lm("default")
+    layers = base.config.num_hidden_layers
+    head = _norm_before_fc_head(base, layer_ids=(layers - 2, 1, layers // 2))
+    assert _converted_like_ours(head, base, tmp_path)["eagle3.norm_before_fc"] is True
 
 
 @pytest.mark.skipif(LLAMA_CPP is None, reason="set SPECHEADS_LLAMA_CPP to llama.cpp's source tree (its converter)")
@@ -352,7 +358,6 @@ def test_folded_eagle31_heads_equal_to_llama_cpps_converter(tmp_path) -> None:
     from specheads.loading import load_causal_lm
     from specheads.methods.eagle.fold import fold_for_llamacpp
 
-    base_dir = assets.resolve("default")
     base = load_causal_lm("default")
     layers = base.config.num_hidden_layers
     vocab = base.get_output_embeddings().weight.shape[0]
@@ -362,23 +367,7 @@ def test_folded_eagle31_heads_equal_to_llama_cpps_converter(tmp_path) -> None:
         fc_norm=True, norm_output=True,
     )  # fmt: skip
     folded, _ = fold_for_llamacpp(head, base, [list(range(5, 69))])
-    export_heads(folded, tmp_path / "e3", "eagle3", base_model=base)
-    for args in (
-        [
-            str(tmp_path / "e3"),
-            "--target-model-dir",
-            base_dir,
-            "--outtype",
-            "f32",
-            "--outfile",
-            str(tmp_path / "c.gguf"),
-        ],
-        [base_dir, "--outtype", "f32", "--outfile", str(tmp_path / "base.gguf")],
-    ):
-        subprocess.run(converter_command(LLAMA_CPP, args), check=True, capture_output=True)
-    export_heads(folded, tmp_path / "ours.gguf", "gguf", dtype="float32", target_gguf=tmp_path / "base.gguf")
-    assert compare_gguf(tmp_path / "ours.gguf", tmp_path / "c.gguf") == []
-    fields = _fields(tmp_path / "c.gguf")[0]
+    fields = _converted_like_ours(folded, base, tmp_path)
     assert fields["eagle3.norm_before_fc"] is True and fields["eagle3.norm_before_residual"] is True
 
 
